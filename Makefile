@@ -1,0 +1,41 @@
+# Every target creates or reuses .venv by itself, so a fresh clone needs nothing but python3 and make.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# The CPU wheel of this release lies on the build machines' disk; a looser pin downloads gigabytes.
+TORCH_PIN ?= torch==2.13.0
+STUDY ?= demo
+PYTEST_ARGS ?=
+
+.PHONY: install test sweep bench lint dashboard status best clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+sweep: $(STAMP)
+	$(PY) -m sweep run $(STUDY)
+
+status: $(STAMP)
+	$(PY) -m sweep status $(STUDY)
+
+best: $(STAMP)
+	$(PY) -m sweep best $(STUDY)
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf runs/ .pytest_cache

@@ -1,0 +1,1 @@
+"""Fused ops, each a PyTorch reference plus an optional NKI implementation."""

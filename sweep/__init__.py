@@ -1,0 +1,1 @@
+"""trnsweep sweep room: study specs, Optuna storage, the Ray driver and the trial supervisor."""
