@@ -1,0 +1,229 @@
+"""A nanochat-style GPT: RMSNorm without weights, rotary embeddings, QK-norm, ReLU² MLP, logit softcap.
+
+Everything a sweep may vary lives in `GPTConfig`, which a flat parameter dict fills. The model keeps
+static shapes (rotary tables sized to `seq_len`) so compiled graphs never change between steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 8192
+    depth: int = 4
+    model_dim: int = 0  # 0: derived as depth * aspect_ratio, rounded up to a multiple of head_dim
+    aspect_ratio: int = 64
+    head_dim: int = 64
+    n_kv_head: int = 0  # 0: as many KV heads as query heads (no GQA)
+    mlp_ratio: float = 4.0
+    seq_len: int = 256
+    rope_base: float = 10000.0
+    softcap: float = 15.0  # 0 disables the logit softcap
+    qk_norm: bool = True
+    value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
+    residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
+    head_init_std: float = 0.001
+
+    def __post_init__(self) -> None:
+        if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:
+            width = self.depth * self.aspect_ratio
+            self.model_dim = max(self.head_dim, -(-width // self.head_dim) * self.head_dim)
+        if self.n_kv_head == 0 and self.head_dim > 0:
+            self.n_kv_head = self.model_dim // self.head_dim
+        self.validate()
+
+    @property
+    def n_head(self) -> int:
+        return self.model_dim // self.head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(round(self.mlp_ratio * self.model_dim))
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent field: a sweep must learn why a point is invalid."""
+        for name in ("vocab_size", "depth", "model_dim", "head_dim", "n_kv_head", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.model_dim % self.head_dim:
+            raise ValueError(f"model_dim {self.model_dim} is not divisible by head_dim {self.head_dim}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head {self.n_kv_head} does not divide the {self.n_head} query heads")
+        if self.mlp_ratio <= 0 or self.rope_base <= 0 or self.softcap < 0 or self.head_init_std < 0:
+            raise ValueError("mlp_ratio and rope_base must be positive, softcap and head_init_std >= 0")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of each head; x is (B, T, H, D)."""
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int) -> None:
+        super().__init__()
+        self.config = config
+        d, hd = config.model_dim, config.head_dim
+        self.c_q = nn.Linear(d, config.n_head * hd, bias=False)
+        self.c_k = nn.Linear(d, config.n_kv_head * hd, bias=False)
+        self.c_v = nn.Linear(d, config.n_kv_head * hd, bias=False)
+        self.c_proj = nn.Linear(config.n_head * hd, d, bias=False)
+        self.has_value_embed = config.value_embeds and layer % 2 == 1
+        if self.has_value_embed:
+            self.value_gate = nn.Parameter(torch.ones(config.n_kv_head))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        cfg = self.config
+        q = self.c_q(x).view(B, T, cfg.n_head, cfg.head_dim)
+        k = self.c_k(x).view(B, T, cfg.n_kv_head, cfg.head_dim)
+        v = self.c_v(x).view(B, T, cfg.n_kv_head, cfg.head_dim)
+        if value_embed is not None:
+            v = v + self.value_gate.view(1, 1, -1, 1) * value_embed.view(B, T, cfg.n_kv_head, cfg.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cfg.qk_norm:
+            q, k = rms_norm(q), rms_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cfg.n_kv_head != cfg.n_head:
+            # Explicit repeat rather than SDPA's enable_gqa: every backend, Neuron's included, lowers it.
+            repeat = cfg.n_head // cfg.n_kv_head
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.model_dim, config.mlp_dim, bias=False)
+        self.c_proj = nn.Linear(config.mlp_dim, config.model_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int) -> None:
+        super().__init__()
+        self.attn = Attention(config, layer)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x), cos, sin, value_embed)
+        return x + self.mlp(rms_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.model_dim)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.depth))
+        self.lm_head = nn.Linear(config.model_dim, config.vocab_size, bias=False)
+        kv_dim = config.n_kv_head * config.head_dim
+        self.value_embeds = nn.ModuleDict(
+            {str(i): nn.Embedding(config.vocab_size, kv_dim) for i, b in enumerate(self.blocks)
+             if b.attn.has_value_embed}
+        )
+        if config.residual_scalars:
+            self.resid_lambdas = nn.Parameter(torch.ones(config.depth))
+            self.x0_lambdas = nn.Parameter(torch.zeros(config.depth))
+        cos, sin = rotary_tables(config.seq_len, config.head_dim, config.rope_base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """nanochat's scheme: unit-variance embeddings, uniform inputs, zero output projections."""
+        d = self.config.model_dim
+        bound = math.sqrt(3.0) * d**-0.5
+        nn.init.normal_(self.wte.weight, std=1.0)
+        for ve in self.value_embeds.values():
+            nn.init.normal_(ve.weight, std=1.0)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.zeros_(block.attn.c_proj.weight)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+        if self.config.head_init_std > 0:
+            nn.init.normal_(self.lm_head.weight, std=self.config.head_init_std)
+        else:
+            nn.init.zeros_(self.lm_head.weight)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> torch.Tensor:
+        """Logits (B, T, V) without targets; else the cross-entropy, ignoring targets equal to -1."""
+        T = idx.size(1)
+        cos, sin = self.cos[:, :T], self.sin[:, :T]
+        x = x0 = rms_norm(self.wte(idx))
+        for i, block in enumerate(self.blocks):
+            if self.config.residual_scalars:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+            x = block(x, cos, sin, ve)
+        logits = self.lm_head(rms_norm(x)).float()
+        if self.config.softcap > 0:
+            logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
+        if targets is None:
+            return logits
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
+        )
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Split parameters by optimiser role: Muon takes the block matrices, AdamW the rest."""
+        matrices = [p for p in self.blocks.parameters() if p.ndim == 2]
+        scalars = [p for p in self.blocks.parameters() if p.ndim < 2]
+        if self.config.residual_scalars:
+            scalars += [self.resid_lambdas, self.x0_lambdas]
+        return {
+            "matrix": matrices,
+            "embedding": [self.wte.weight, *(ve.weight for ve in self.value_embeds.values())],
+            "unembedding": [self.lm_head.weight],
+            "scalar": scalars,
+        }
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 per matmul weight plus causal attention's score and value products."""
+        cfg = self.config
+        lookup = self.wte.weight.numel() + sum(ve.weight.numel() for ve in self.value_embeds.values())
+        scalars = sum(p.numel() for p in self.param_groups()["scalar"])
+        matmul_params = self.num_params() - lookup - scalars
+        attention = 12 * cfg.depth * cfg.n_head * cfg.head_dim * cfg.seq_len
+        return 6.0 * matmul_params + attention

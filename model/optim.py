@@ -1,0 +1,208 @@
+"""Muon for the block matrices, AdamW for the rest, and schedules keyed to training progress.
+
+Progress is charged seconds / budget, never a step count: a trial that runs slower gets fewer steps
+but the same shape of schedule, which is what a time-budgeted competition rewards. Per-step scalars
+(learning rate, momentum, weight decay) live in 0-dim tensors that are filled in place, so a compiled
+step sees the same graph every time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Polar Express coefficients for five quintic iterations, from Amsel et al., "The Polar Express:
+# Optimal Matrix Sign Methods and Their Application to the Muon Algorithm" (arXiv:2505.16932),
+# computed with a 2e-2 safety factor; the input is normalised by (1 + 2e-2) times its norm.
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+POLAR_SAFETY = 1.02
+
+
+def orthogonalize(g: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Approximate the orthogonal polar factor U V^T of a matrix: all singular values pushed near 1."""
+    x = g.to(dtype)
+    transposed = x.size(-2) > x.size(-1)
+    if transposed:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * POLAR_SAFETY + 1e-7)
+    for a, b, c in POLAR_EXPRESS:
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if transposed:
+        x = x.mT
+    return x.to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Momentum orthogonalised by Polar Express, for 2-D weights whose gradients are already reduced.
+
+    The update is scaled by sqrt(max(1, rows / cols)) so tall and wide matrices move alike. Weight decay is
+    decoupled, or cautious (applied only where update and weight agree in sign, arXiv:2510.12402).
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: torch.Tensor,
+        momentum: torch.Tensor,
+        weight_decay: torch.Tensor,
+        nesterov: bool = True,
+        cautious_wd: bool = True,
+        ortho_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        self.nesterov = nesterov
+        self.cautious_wd = cautious_wd
+        self.ortho_dtype = ortho_dtype
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon takes 2-D matrices only, got shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mom)
+                g = p.grad.lerp(buf, mom) if self.nesterov else buf
+                update = orthogonalize(g, self.ortho_dtype)
+                update.mul_(max(1.0, p.size(0) / p.size(1)) ** 0.5)
+                if self.cautious_wd:
+                    mask = (update * p > 0).to(p.dtype)
+                    p.sub_(p * mask * (lr * wd))
+                else:
+                    p.mul_(1 - lr * wd)
+                p.sub_(update * lr)
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW whose lr and weight decay are 0-dim tensors, so changing them never retraces a graph."""
+
+    def __init__(
+        self, params, lr: torch.Tensor, betas: tuple[float, float], eps: float, weight_decay: torch.Tensor
+    ) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.lerp_(p.grad, 1 - b1)
+                v.lerp_(p.grad.square(), 1 - b2)
+                m_hat = m / (1 - b1 ** state["step"])
+                v_hat = v / (1 - b2 ** state["step"])
+                p.mul_(1 - lr * wd)
+                p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+
+
+@dataclass
+class OptimConfig:
+    matrix_lr: float = 0.04
+    embedding_lr: float = 0.6
+    unembedding_lr: float = 0.004
+    scalar_lr: float = 0.5
+    weight_decay: float = 0.2  # Muon's, decaying linearly to 0 over the run
+    adam_weight_decay: float = 0.0
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85
+    muon_momentum_warmup_ratio: float = 0.1
+    cautious_wd: bool = True
+    warmup_ratio: float = 0.0
+    warmdown_ratio: float = 0.5
+    final_lr_frac: float = 0.0
+
+
+def lr_multiplier(progress: float, warmup_ratio: float, warmdown_ratio: float, final_lr_frac: float) -> float:
+    """Linear warmup, flat, then linear warmdown to final_lr_frac at progress 1."""
+    progress = min(max(progress, 0.0), 1.0)
+    if warmup_ratio > 0 and progress < warmup_ratio:
+        return (progress + 1e-8) / warmup_ratio
+    if warmdown_ratio > 0 and progress > 1.0 - warmdown_ratio:
+        left = (1.0 - progress) / warmdown_ratio
+        return final_lr_frac + (1.0 - final_lr_frac) * left
+    return 1.0
+
+
+def muon_momentum(progress: float, cfg: OptimConfig) -> float:
+    if cfg.muon_momentum_warmup_ratio <= 0:
+        return cfg.muon_momentum
+    frac = min(progress / cfg.muon_momentum_warmup_ratio, 1.0)
+    return cfg.muon_momentum_start + frac * (cfg.muon_momentum - cfg.muon_momentum_start)
+
+
+class Optimizers:
+    """Muon + AdamW over a GPT's parameter groups, with their schedules applied from progress."""
+
+    def __init__(self, groups: dict[str, list[torch.nn.Parameter]], model_dim: int, cfg: OptimConfig,
+                 device: torch.device) -> None:
+        self.cfg = cfg
+        scale = (model_dim / 768) ** -0.5  # AdamW rates were tuned at width 768
+
+        def scalar(value: float) -> torch.Tensor:
+            return torch.tensor(value, dtype=torch.float32, device=device)
+
+        self.base_lrs: list[tuple[torch.Tensor, float]] = []
+        adam_groups = []
+        bases = {"embedding": cfg.embedding_lr * scale, "unembedding": cfg.unembedding_lr * scale,
+                 "scalar": cfg.scalar_lr}
+        for name, base in bases.items():
+            if groups[name]:
+                lr = scalar(base)
+                self.base_lrs.append((lr, base))
+                adam_groups.append({"params": groups[name], "lr": lr})
+        self.adam_wd = scalar(cfg.adam_weight_decay)
+        self.adamw = AdamW(adam_groups, lr=scalar(0.0), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10,
+                           weight_decay=self.adam_wd)
+        self.muon_lr = scalar(cfg.matrix_lr)
+        self.base_lrs.append((self.muon_lr, cfg.matrix_lr))
+        self.muon_momentum = scalar(cfg.muon_momentum_start)
+        self.muon_wd = scalar(cfg.weight_decay)
+        self.muon = Muon(groups["matrix"], lr=self.muon_lr, momentum=self.muon_momentum,
+                         weight_decay=self.muon_wd, cautious_wd=cfg.cautious_wd)
+
+    def set_progress(self, progress: float) -> float:
+        """Fill every scheduled scalar in place for this point of the run; returns the lr multiplier."""
+        c = self.cfg
+        mult = lr_multiplier(progress, c.warmup_ratio, c.warmdown_ratio, c.final_lr_frac)
+        for tensor, base in self.base_lrs:
+            tensor.fill_(base * mult)
+        self.muon_momentum.fill_(muon_momentum(progress, c))
+        self.muon_wd.fill_(c.weight_decay * (1.0 - min(max(progress, 0.0), 1.0)))
+        return mult
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self) -> None:
+        self.muon.zero_grad(set_to_none=True)
+        self.adamw.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}

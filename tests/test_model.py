@@ -1,0 +1,133 @@
+"""The GPT, its optimiser and schedules, and val_bpb on hand-made inputs (no data pipeline needed)."""
+
+import math
+
+import pytest
+import torch
+
+from model.config import ConfigError, parse_config
+from model.evaluate import evaluate_bpb
+from model.gpt import GPT, GPTConfig
+from model.optim import OptimConfig, Optimizers, lr_multiplier, muon_momentum, orthogonalize
+
+
+def tiny(**overrides) -> GPTConfig:
+    base = dict(vocab_size=300, depth=2, model_dim=64, head_dim=16, seq_len=32)
+    return GPTConfig(**{**base, **overrides})
+
+
+def test_zero_head_gives_uniform_loss_and_bpb_identity():
+    torch.manual_seed(0)
+    model = GPT(tiny(head_init_std=0.0))
+    vocab = model.config.vocab_size
+    token_bytes = torch.randint(1, 5, (vocab,), dtype=torch.int32)
+    token_bytes[0] = 0  # a special token: neither its nats nor its bytes count
+    x = torch.randint(0, vocab, (3, 4, 32))
+    y = torch.randint(0, vocab, (3, 4, 32))
+    y[0, 0, :5] = 0
+    y[1, 1, -3:] = -1  # padding
+    res = evaluate_bpb(model, list(zip(x, y, strict=True)), token_bytes, torch.device("cpu"))
+    counted = (y >= 0) & (token_bytes[y.clamp(min=0)] > 0)
+    assert res.tokens == int(counted.sum())
+    assert res.bytes == int(token_bytes[y[y >= 0]].sum())
+    assert res.val_loss == pytest.approx(math.log(vocab), rel=1e-6)
+    assert res.val_bpb == pytest.approx(res.val_loss * res.tokens / (math.log(2) * res.bytes), rel=1e-9)
+
+
+def test_baseline_parameter_count_matches_competition_formula():
+    # depth 10, width 640, vocab 8192: 2*8192*640 + 10*12*640^2 (COMPETITION.md)
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=8192, depth=10, model_dim=640, head_dim=128, seq_len=2048))
+    assert model.num_params() == 2 * 8192 * 640 + 10 * 12 * 640**2
+    assert model.flops_per_token() > 6 * 10 * 12 * 640**2
+
+
+def test_aspect_ratio_and_gqa_and_extras_build_and_run():
+    cfg = tiny(model_dim=0, aspect_ratio=24, depth=3, n_kv_head=1, value_embeds=True, residual_scalars=True)
+    assert cfg.model_dim == 80 and cfg.n_head == 5  # 3 * 24 = 72, rounded up to a multiple of 16
+    model = GPT(cfg)
+    loss = model(torch.randint(0, 300, (2, 32)), torch.randint(0, 300, (2, 32)))
+    loss.backward()
+    groups = model.param_groups()
+    assert sum(p.numel() for g in groups.values() for p in g) == model.num_params()
+    assert all(p.ndim == 2 for p in groups["matrix"])
+    assert len(groups["embedding"]) == 2  # wte and the value embedding of layer 1
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(model_dim=70), "not divisible by head_dim"),
+    (dict(n_kv_head=3), "does not divide"),
+    (dict(head_dim=15, model_dim=60), "even"),
+    (dict(depth=0), "depth must be positive"),
+])
+def test_inconsistent_model_config_is_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(**overrides)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 32), (32, 200), (640, 2560)])
+def test_orthogonalize_pushes_singular_values_near_one(shape):
+    torch.manual_seed(1)
+    s = torch.linalg.svdvals(orthogonalize(torch.randn(*shape)).float())
+    assert s.min() > 0.7 and s.max() < 1.3
+    assert s.mean() == pytest.approx(1.0, abs=0.08)
+
+
+def test_schedules_follow_progress():
+    assert lr_multiplier(0.0, 0.1, 0.5, 0.0) == pytest.approx(0.0, abs=1e-6)
+    assert lr_multiplier(0.05, 0.1, 0.5, 0.0) == pytest.approx(0.5, rel=1e-4)
+    assert lr_multiplier(0.3, 0.1, 0.5, 0.0) == 1.0
+    assert lr_multiplier(0.75, 0.1, 0.5, 0.1) == pytest.approx(0.55)
+    assert lr_multiplier(1.0, 0.1, 0.5, 0.1) == pytest.approx(0.1)
+    cfg = OptimConfig(muon_momentum_start=0.85, muon_momentum=0.95, muon_momentum_warmup_ratio=0.2)
+    assert muon_momentum(0.0, cfg) == pytest.approx(0.85)
+    assert muon_momentum(0.1, cfg) == pytest.approx(0.90)
+    assert muon_momentum(0.5, cfg) == pytest.approx(0.95)
+
+
+def test_scheduled_scalars_are_filled_in_place():
+    model = GPT(tiny())
+    opt = Optimizers(model.param_groups(), 64, OptimConfig(warmdown_ratio=0.5, weight_decay=0.2),
+                     torch.device("cpu"))
+    lr_tensor = opt.muon_lr
+    opt.set_progress(0.75)
+    assert opt.muon_lr is lr_tensor and lr_tensor.ndim == 0
+    assert float(lr_tensor) == pytest.approx(0.04 * 0.5)
+    assert float(opt.muon_wd) == pytest.approx(0.2 * 0.25)
+
+
+def test_optimizer_fits_a_fixed_batch():
+    torch.manual_seed(0)
+    model = GPT(tiny())
+    opt = Optimizers(model.param_groups(), 64, OptimConfig(), torch.device("cpu"))
+    x = torch.randint(0, 300, (4, 32))
+    y = x.roll(-1, dims=1)
+    first = None
+    for i in range(40):
+        opt.set_progress(i / 40)
+        loss = model(x, y)
+        first = first if first is not None else loss.item()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert loss.item() < first / 4
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"depht": 4}, "unknown config key 'depht'"),
+    ({"model_dim": 100, "head_dim": 32}, "not divisible by head_dim"),
+    ({"budget_s": -1}, "budget_s must be positive"),
+    ({"depth": "four"}, "config key 'depth' expects int"),
+    ({"fault": "meteor"}, "fault must be one of"),
+    ({"warmup_ratio": 0.6, "warmdown_ratio": 0.6}, "must not exceed 1"),
+])
+def test_bad_config_is_refused_with_the_key_named(values, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(values)
+
+
+def test_config_round_trips_through_its_resolved_dict():
+    cfg = parse_config({"depth": 3, "matrix_lr": 0.03, "eval_fractions": [0.5]}, budget_s=12)
+    resolved = cfg.to_dict()
+    assert resolved["budget_s"] == 12.0 and resolved["model_dim"] == 96
+    assert parse_config(resolved).to_dict() == resolved
