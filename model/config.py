@@ -1,0 +1,184 @@
+"""The trainer's configuration: one flat dict of parameters, split into model, optimiser and run parts.
+
+The same flat names are used by the study specs, the dashboard and ad-hoc trials, so a sweep point is a
+config as it stands. Unknown keys and values of the wrong type are refused with a ConfigError that names
+the key: a typo in a sweep must never train silently with a default.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from model.gpt import GPTConfig
+from model.optim import OptimConfig
+
+
+class ConfigError(ValueError):
+    """A configuration the trainer refuses; the message is one line naming the key."""
+
+
+@dataclass
+class RunConfig:
+    batch_size: int = 16  # sequences per rank per micro-step
+    grad_accum: int = 1
+    seed: int = 0
+    budget_s: float = 30.0  # charged training seconds
+    startup_allowance_s: float = 900.0  # start-up time not charged, as in the competition kit
+    excluded_steps: int = 3  # first steps not charged (compilation, warm caches)
+    max_steps: int = 0  # > 0: stop there too, and key schedules to steps (repeatable runs, benchmarks)
+    eval_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    eval_at_start: bool = False
+    eval_tokens: int = 16384  # intermediate evaluations: a fixed slice of the validation set
+    final_eval_tokens: int = 65536
+    data: str = ""  # "" or "demo": the demo corpus; else a directory, glob or file of parquet or text
+    tokenizer: str = ""  # "": train one of vocab_size on the training text
+    val_shard: str = ""
+    cache_dir: str = "runs/cache"
+    device: str = "auto"
+    num_threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    compile: bool = False
+    max_loss: float = 30.0  # a training loss above this (or not finite) ends the run as diverged
+    log_every: int = 10
+    save_checkpoint: bool = True
+    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge
+    fault_step: int = 0
+
+
+# The demo-sized default model: trains visibly in seconds on a laptop CPU.
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 2048,
+    "depth": 4,
+    "aspect_ratio": 32,
+    "head_dim": 32,
+    "seq_len": 128,
+}
+
+FAULTS = ("", "hang", "crash", "oom", "diverge")
+
+
+@dataclass
+class TrainConfig:
+    model: GPTConfig
+    optim: OptimConfig
+    run: RunConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fully resolved flat config, as recorded in results."""
+        out: dict[str, Any] = {}
+        for part in (self.model, self.optim, self.run):
+            out.update({f.name: getattr(part, f.name) for f in fields(part)})
+        return out
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if value is None:
+            return ""
+        if isinstance(value, str):
+            return value
+    elif isinstance(default, list) and isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return [float(v) for v in value]
+    raise ConfigError(f"config key {key!r} expects {type(default).__name__}, got {value!r}")
+
+
+def _fill(cls, values: dict[str, Any]):
+    defaults = cls() if cls is not GPTConfig else None
+    kwargs = {}
+    for f in fields(cls):
+        if f.name in values:
+            default = getattr(defaults, f.name) if defaults is not None else f.default
+            kwargs[f.name] = _coerce(f.name, values[f.name], default)
+    return cls(**kwargs)
+
+
+def parse_config(values: dict[str, Any], budget_s: float | None = None) -> TrainConfig:
+    """Validate a flat parameter dict (over the demo defaults) into a TrainConfig."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"config must be a JSON object, got {type(values).__name__}")
+    known = GPTConfig.field_names() | {f.name for part in (OptimConfig, RunConfig) for f in fields(part)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}" + (f" (and {len(unknown) - 1} more)"
+                                                                  if len(unknown) > 1 else ""))
+    merged = {**DEFAULTS, **values}
+    if budget_s is not None:
+        merged["budget_s"] = budget_s
+    run = _fill(RunConfig, merged)
+    optim = _fill(OptimConfig, merged)
+    try:
+        model = _fill(GPTConfig, merged)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"model config: {e}") from None
+    _check_run(run)
+    _check_optim(optim)
+    return TrainConfig(model, optim, run)
+
+
+def _check_run(run: RunConfig) -> None:
+    if run.budget_s <= 0:
+        raise ConfigError(f"budget_s must be positive, got {run.budget_s}")
+    for key in ("batch_size", "grad_accum", "eval_tokens", "final_eval_tokens", "log_every"):
+        if getattr(run, key) <= 0:
+            raise ConfigError(f"{key} must be positive, got {getattr(run, key)}")
+    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "fault_step"):
+        if getattr(run, key) < 0:
+            raise ConfigError(f"{key} must not be negative, got {getattr(run, key)}")
+    if any(not 0 < f <= 1 for f in run.eval_fractions):
+        raise ConfigError(f"eval_fractions must lie in (0, 1], got {run.eval_fractions}")
+    if run.fault not in FAULTS:
+        raise ConfigError(f"fault must be one of {FAULTS[1:]}, got {run.fault!r}")
+    if run.device not in ("auto", "cpu", "cuda", "neuron"):
+        raise ConfigError(f"device must be auto, cpu, cuda or neuron, got {run.device!r}")
+    if not run.max_loss > 0:
+        raise ConfigError(f"max_loss must be positive, got {run.max_loss}")
+
+
+def _check_optim(optim: OptimConfig) -> None:
+    for f in fields(optim):
+        value = getattr(optim, f.name)
+        if isinstance(value, float) and value < 0:
+            raise ConfigError(f"{f.name} must not be negative, got {value}")
+    for key in ("warmup_ratio", "warmdown_ratio", "final_lr_frac", "muon_momentum", "muon_momentum_start",
+                "adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(optim, key) <= 1:
+            raise ConfigError(f"{key} must lie in [0, 1], got {getattr(optim, key)}")
+    if optim.warmup_ratio + optim.warmdown_ratio > 1:
+        raise ConfigError("warmup_ratio + warmdown_ratio must not exceed 1")
+
+
+def load_config_arg(arg: str) -> dict[str, Any]:
+    """--config takes inline JSON or a path to a .json or .toml file."""
+    text = arg.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config is not valid JSON: {e}") from None
+    path = Path(arg)
+    if not path.is_file():
+        raise ConfigError(f"--config: no such file {arg}")
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(path.read_text())
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {arg}: {str(e).splitlines()[0]}") from None

@@ -1,0 +1,100 @@
+"""Which device a run trains on, and the process-group backend and autocast dtype that go with it.
+
+Neuron is PyTorch's native Neuron backend (device "neuron", process group "neuron"), present only where
+torch-neuronx is installed on Trainium hardware; `neuron_available` is the one import check for it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    kind: str  # "neuron", "cuda" or "cpu"
+    backend: str  # process-group backend
+    autocast_dtype: torch.dtype | None  # None: train in float32
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+    def synchronize(self) -> None:
+        if self.kind == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.kind == "neuron":
+            torch.neuron.synchronize()
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def peak_memory_bytes(self) -> int:
+        if self.kind == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def neuron_available() -> bool:
+    """True when PyTorch's native Neuron backend is importable and sees a device."""
+    neuron = getattr(torch, "neuron", None)
+    if neuron is None:
+        try:
+            import torch_neuronx  # noqa: F401  (registers torch.neuron)
+        except ImportError:
+            return False
+        neuron = getattr(torch, "neuron", None)
+    try:
+        return bool(neuron is not None and neuron.is_available())
+    except Exception:
+        return False
+
+
+def pick_kind(requested: str = "auto") -> str:
+    if requested not in ("auto", "neuron", "cuda", "cpu"):
+        raise ValueError(f"device must be auto, neuron, cuda or cpu, got {requested!r}")
+    if requested != "auto":
+        return requested
+    if neuron_available():
+        return "neuron"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
+AUTOCAST = {"neuron": torch.bfloat16, "cuda": torch.bfloat16, "cpu": None}
+
+
+def setup(requested: str = "auto") -> Runtime:
+    """Pick the device and, under torchrun (WORLD_SIZE > 1), join the process group."""
+    kind = pick_kind(requested)
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if kind == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    elif kind == "neuron":
+        device = torch.device("neuron", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=BACKENDS[kind])
+    return Runtime(device, kind, BACKENDS[kind], AUTOCAST[kind], rank, local_rank, world_size)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
