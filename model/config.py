@@ -41,7 +41,7 @@ class RunConfig:
     device: str = "auto"
     num_threads: int = 0  # torch CPU threads; 0 keeps torch's default
     compile: bool = False
-    max_loss: float = 30.0  # a training loss above this (or not finite) ends the run as diverged
+    max_loss: float = 0.0  # a training loss above this, or not finite, is divergence; 0: 2 ln(vocab)
     log_every: int = 10
     save_checkpoint: bool = True
     fault: str = ""  # test-only fault injection: hang, crash, oom, diverge
@@ -148,8 +148,8 @@ def _check_run(run: RunConfig) -> None:
         raise ConfigError(f"fault must be one of {FAULTS[1:]}, got {run.fault!r}")
     if run.device not in ("auto", "cpu", "cuda", "neuron"):
         raise ConfigError(f"device must be auto, cpu, cuda or neuron, got {run.device!r}")
-    if not run.max_loss > 0:
-        raise ConfigError(f"max_loss must be positive, got {run.max_loss}")
+    if run.max_loss < 0:
+        raise ConfigError(f"max_loss must not be negative, got {run.max_loss}")
 
 
 def _check_optim(optim: OptimConfig) -> None:

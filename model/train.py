@@ -1,0 +1,375 @@
+"""Train one GPT under the competition's charged clock and report val_bpb.
+
+    python -m model.train --config FILE_OR_JSON --budget-s N [--json] [--out-dir DIR]
+    torchrun --nproc_per_node=K -m model.train ...
+
+The charged clock runs during training steps only: start-up is free up to an allowance (what it spends past
+that is charged), the first few steps are excluded, intermediate evaluations pause it, and the loop stops
+before the next step would cross the budget. With --json, stdout carries JSON lines (`start`, `step`,
+`eval`, then `result`, always last); human-readable logs go to stderr.
+
+Exit codes: 0 when a result with status ok, stopped or diverged was printed; 1 when the run failed
+(a `failed` result is printed where possible); 2 for a bad configuration or bad data, with one line.
+"""
+
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.perf_counter()  # before the heavy imports: their time is start-up too
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from model import device as devices  # noqa: E402
+from model.config import ConfigError, TrainConfig, load_config_arg, parse_config  # noqa: E402
+from model.evaluate import evaluate_bpb  # noqa: E402
+from model.gpt import GPT, GPTConfig  # noqa: E402
+from model.optim import Optimizers  # noqa: E402
+
+STOP_NONE, STOP_BUDGET, STOP_SIGNAL, STOP_DIVERGED = 0, 1, 2, 3
+
+
+class Events:
+    """Writes JSON lines to stdout (rank 0 only) and human lines to stderr."""
+
+    def __init__(self, enabled: bool, json_mode: bool) -> None:
+        self.enabled = enabled
+        self.json_mode = json_mode
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.enabled and self.json_mode:
+            print(json.dumps({"event": event, **fields}, default=_jsonable), flush=True)
+
+    def log(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=sys.stderr, flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+@dataclass
+class ChargedClock:
+    """Charged seconds as the competition counts them; see the module docstring."""
+
+    budget_s: float
+    allowance_s: float
+    excluded_steps: int
+    max_steps: int = 0
+    startup_s: float = 0.0
+    charged_s: float = 0.0
+    last_step_s: float = 0.0
+    steps_seen: int = 0
+    step_times: list[float] = field(default_factory=list)
+
+    def start(self, startup_s: float) -> None:
+        self.startup_s = startup_s
+        self.charged_s = max(0.0, startup_s - self.allowance_s)
+
+    def add_step(self, seconds: float) -> None:
+        """Record one step; excluded steps count as start-up, and may eat into the allowance."""
+        self.steps_seen += 1
+        if self.steps_seen <= self.excluded_steps:
+            before = max(0.0, self.startup_s - self.allowance_s)
+            self.startup_s += seconds
+            self.charged_s += max(0.0, self.startup_s - self.allowance_s) - before
+            return
+        self.charged_s += seconds
+        self.last_step_s = seconds
+        self.step_times.append(seconds)
+
+    @property
+    def progress(self) -> float:
+        if self.max_steps:
+            return min(self.steps_seen / self.max_steps, 1.0)
+        return min(self.charged_s / self.budget_s, 1.0)
+
+    def should_stop(self) -> bool:
+        """Stop before the next step would cross the budget (judged by the last step's time)."""
+        if self.max_steps and self.steps_seen >= self.max_steps:
+            return True
+        return self.steps_seen > self.excluded_steps and self.charged_s + self.last_step_s > self.budget_s
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    tokens: int = 0
+    eval_seconds: float = 0.0
+    last_loss: float = float("nan")
+    status: str = "ok"
+    reason: str = ""
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+
+_stop_requested = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def _inject_fault(kind: str, loss: torch.Tensor) -> torch.Tensor:
+    """Test-only faults, so the sweep's failure handling is exercised on the real trainer."""
+    if kind == "hang":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a truly stuck process ignores polite requests
+        while True:
+            time.sleep(3600)
+    if kind == "crash":
+        os._exit(3)
+    if kind == "oom":
+        hoard = []
+        while True:
+            hoard.append(torch.ones(64 * 1024 * 1024, dtype=torch.uint8))
+    if kind == "diverge":
+        return loss * float("nan")
+    return loss
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], world_size: int) -> None:
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def _agree_on_stop(code: int, rt: devices.Runtime) -> int:
+    if rt.world_size == 1:
+        return code
+    t = torch.tensor([code], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None) -> dict[str, Any]:
+    from model.data import BatchLoader, load_dataset, validation_batches
+
+    run = cfg.run
+    if run.num_threads > 0:
+        torch.set_num_threads(run.num_threads)
+    torch.manual_seed(run.seed)
+
+    ds = load_dataset(run.data or None, cfg.model.vocab_size, cache_dir=run.cache_dir,
+                      tokenizer=run.tokenizer or None, val_shard=run.val_shard or None)
+    cfg.model.vocab_size = ds.vocab_size
+    max_loss = run.max_loss or 2.0 * math.log(ds.vocab_size)
+    model = GPT(cfg.model).to(rt.device)
+    model.train()
+    n_params = model.num_params()
+    opt = Optimizers(model.param_groups(), cfg.model.model_dim, cfg.optim, rt.device)
+    step_model = model
+    if run.compile:
+        step_model = torch.compile(model, backend="neuron" if rt.kind == "neuron" else "inductor")
+
+    B, T = run.batch_size, cfg.model.seq_len
+    loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=rt.rank, world_size=rt.world_size, seed=run.seed)
+    eval_batches = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=run.eval_tokens,
+                                      rank=rt.rank, world_size=rt.world_size)
+    tokens_per_step = B * T * run.grad_accum * rt.world_size
+    clock = ChargedClock(run.budget_s, run.startup_allowance_s, run.excluded_steps, run.max_steps)
+    state = RunState()
+    pending_evals = sorted(set(run.eval_fractions) - {1.0})
+
+    def intermediate_eval() -> None:
+        t0 = time.perf_counter()
+        res = evaluate_bpb(model, eval_batches, ds.token_bytes, rt.device, rt.autocast())
+        state.eval_seconds += time.perf_counter() - t0
+        point = {"step": state.step, "charged_s": round(clock.charged_s, 4),
+                 "progress": round(clock.progress, 4), "val_bpb": res.val_bpb, "val_loss": res.val_loss}
+        state.curve.append(point)
+        events.emit("eval", **point)
+        events.log(f"eval step {state.step} charged {clock.charged_s:.1f}s val_bpb {res.val_bpb:.4f}")
+
+    events.emit("start", device=rt.kind, params=n_params, world_size=rt.world_size, config=cfg.to_dict(),
+                data=ds.fingerprint, startup_seconds=time.perf_counter() - _PROCESS_START)
+    events.log(f"training {n_params:,} params on {rt.kind} x{rt.world_size}, budget {run.budget_s}s")
+    if run.eval_at_start:
+        intermediate_eval()
+    clock.start(time.perf_counter() - _PROCESS_START)
+
+    while True:
+        stop = STOP_NONE
+        if _stop_requested:
+            stop = STOP_SIGNAL
+        elif clock.should_stop():
+            stop = STOP_BUDGET
+        stop = _agree_on_stop(stop, rt)
+        if stop != STOP_NONE:
+            if stop == STOP_SIGNAL:
+                state.status, state.reason = "stopped", "stopped by SIGTERM"
+            break
+
+        t0 = time.perf_counter()
+        opt.set_progress(clock.progress)
+        for _ in range(run.grad_accum):
+            x, y = next(loader)
+            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+            with rt.autocast():
+                loss = step_model(x, y)
+            if run.fault and state.step == run.fault_step:
+                loss = _inject_fault(run.fault, loss)
+            (loss / run.grad_accum).backward()
+        if rt.world_size > 1:
+            _all_reduce_grads(list(model.parameters()), rt.world_size)
+        opt.step()
+        opt.zero_grad()
+        rt.synchronize()
+        clock.add_step(time.perf_counter() - t0)
+        state.step += 1
+        state.tokens += tokens_per_step
+
+        at_log = state.step % run.log_every == 0 or state.step <= 1
+        if at_log or run.fault == "diverge":
+            state.last_loss = loss.detach().float().item()
+            diverged = not math.isfinite(state.last_loss) or state.last_loss > max_loss
+            if _agree_on_stop(STOP_DIVERGED if diverged else STOP_NONE, rt) == STOP_DIVERGED:
+                state.status = "diverged"
+                state.reason = (f"training loss {state.last_loss:.4g} at step {state.step}"
+                                f" (bound {max_loss:.4g})")
+                events.log(f"diverged: {state.reason}")
+                break
+            if at_log:
+                tps = tokens_per_step / clock.last_step_s if clock.last_step_s else 0.0
+                events.emit("step", step=state.step, charged_s=round(clock.charged_s, 4),
+                            progress=round(clock.progress, 4), train_loss=state.last_loss,
+                            tokens_per_second=tps)
+        while pending_evals and clock.progress >= pending_evals[0]:
+            pending_evals.pop(0)
+            intermediate_eval()
+
+    train_seconds = clock.charged_s
+    result: dict[str, Any] = {
+        "status": state.status, "val_bpb": None, "val_loss": None, "val_tokens": 0, "val_bytes": 0,
+        "train_seconds": train_seconds, "startup_seconds": clock.startup_s,
+        "eval_seconds": state.eval_seconds,
+        "steps": state.step, "tokens": state.tokens,
+        "tokens_per_second": state.tokens / train_seconds if train_seconds > 0 else 0.0,
+        "params": n_params, "flops_per_token": model.flops_per_token(), "device": rt.kind,
+        "world_size": rt.world_size, "budget_s": run.budget_s, "over_budget": train_seconds > run.budget_s,
+        "train_loss": state.last_loss, "data": ds.fingerprint, "curve": state.curve,
+        "step_seconds_median": statistics.median(clock.step_times) if clock.step_times else 0.0,
+        "step_seconds_max": max(clock.step_times, default=0.0), "excluded_steps": run.excluded_steps,
+    }
+    if state.status == "ok":
+        t0 = time.perf_counter()
+        final_batches = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=run.final_eval_tokens,
+                                           rank=rt.rank, world_size=rt.world_size)
+        res = evaluate_bpb(model, final_batches, ds.token_bytes, rt.device, rt.autocast())
+        result.update(val_bpb=res.val_bpb, val_loss=res.val_loss, val_tokens=res.tokens, val_bytes=res.bytes)
+        state.eval_seconds += time.perf_counter() - t0
+        result["eval_seconds"] = state.eval_seconds
+        if out_dir is not None and run.save_checkpoint and rt.is_master:
+            save_checkpoint(model, out_dir / "final.pt")
+            result["checkpoint"] = str(out_dir / "final.pt")
+    if state.reason:
+        result["reason"] = state.reason
+    result["peak_memory_bytes"] = rt.peak_memory_bytes()
+    result["config"] = cfg.to_dict()
+    return result
+
+
+def save_checkpoint(model: GPT, path: Path) -> None:
+    """Write atomically: a reader never sees half a checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model_config": model.config.to_dict(), "state_dict": model.state_dict()}, tmp)
+    tmp.replace(path)
+
+
+def load_for_eval(checkpoint_path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
+    """A plain causal GPT in eval mode, as the competition asks of a submission."""
+    ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["state_dict"])
+    return model.to(device).eval()
+
+
+def _summary_block(result: dict[str, Any]) -> str:
+    """The competition train.py's closing block, for people reading a plain run."""
+    r = result
+    rows = [
+        ("val_bpb", r.get("val_bpb")), ("status", r["status"]),
+        ("training_seconds", round(r.get("train_seconds", 0.0), 2)),
+        ("startup_seconds", round(r.get("startup_seconds", 0.0), 2)),
+        ("over_budget", r.get("over_budget")), ("num_steps", r.get("steps")),
+        ("total_tokens_M", round(r.get("tokens", 0) / 1e6, 3)), ("world_size", r["world_size"]),
+        ("seq_len", r["config"]["seq_len"]), ("num_params_M", round(r.get("params", 0) / 1e6, 3)),
+    ]
+    return "---\n" + "\n".join(f"{k}: {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="{}", help="inline JSON, or a .json/.toml file")
+    parser.add_argument("--budget-s", type=float, default=None, help="charged training seconds")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    parser.add_argument("--out-dir", type=Path, default=None, help="where final.pt goes")
+    args = parser.parse_args(argv)
+    try:
+        cfg = parse_config(load_config_arg(args.config), budget_s=args.budget_s)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    from model.data import DataError
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        rt = devices.setup(cfg.run.device)
+    except (RuntimeError, ValueError) as e:
+        print(f"error: device {cfg.run.device}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    events = Events(rt.is_master, args.json)
+    code = 0
+    try:
+        result = train(cfg, rt, events, args.out_dir)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        result, code = _failed(cfg, rt, f"out of memory: {_first_line(e) or 'MemoryError'}"), 1
+    except Exception as e:  # the sweep needs a result line and a reason, whatever broke
+        result, code = _failed(cfg, rt, f"{type(e).__name__}: {_first_line(e)}"), 1
+        events.log(repr(e))
+    finally:
+        devices.teardown()
+    if rt.is_master:
+        if not args.json:
+            print(_summary_block(result), flush=True)
+        # The result record is always the last stdout line, with or without --json.
+        print(json.dumps({"event": "result", **result}, default=_jsonable), flush=True)
+    return code
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e)
+    return text.splitlines()[0] if text else ""
+
+
+def _failed(cfg: TrainConfig, rt: devices.Runtime, reason: str) -> dict[str, Any]:
+    return {"status": "failed", "reason": reason, "val_bpb": None, "device": rt.kind,
+            "world_size": rt.world_size, "config": cfg.to_dict()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

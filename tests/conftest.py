@@ -1,0 +1,89 @@
+"""Shared fixtures: the repository root, a warm data cache, and a runner for the real trainer CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A model small enough that the CPU trains it visibly in a few seconds.
+TINY = {
+    "vocab_size": 512,
+    "depth": 2,
+    "model_dim": 64,
+    "head_dim": 16,
+    "seq_len": 64,
+    "batch_size": 8,
+    "eval_tokens": 4096,
+    "final_eval_tokens": 16384,
+    "num_threads": 1,
+    "log_every": 5,
+}
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> str:
+    """One cache for the session: the demo corpus, tokenizer and token shards are built once."""
+    cache = tmp_path_factory.mktemp("cache")
+    from model.data import load_dataset
+
+    load_dataset(None, TINY["vocab_size"], cache_dir=cache)
+    return str(cache)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(data_cache) -> dict:
+    return {**TINY, "cache_dir": data_cache}
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+@dataclass
+class TrainerRun:
+    returncode: int
+    events: list[dict]
+    stderr: str
+
+    @property
+    def result(self) -> dict:
+        assert self.events and self.events[-1]["event"] == "result", self.stderr[-2000:]
+        return self.events[-1]
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+
+def trainer_command(config: dict, budget_s: float, out_dir: Path | None = None, ranks: int = 1) -> list[str]:
+    args = ["-m", "model.train", "--config", json.dumps(config), "--budget-s", str(budget_s), "--json"]
+    if out_dir is not None:
+        args += ["--out-dir", str(out_dir)]
+    if ranks > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={ranks}", *args]
+    return [sys.executable, *args]
+
+
+def parse_events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def run_trainer():
+    def run(config: dict, budget_s: float, out_dir: Path | None = None, ranks: int = 1,
+            timeout: float = 240) -> TrainerRun:
+        proc = subprocess.run(trainer_command(config, budget_s, out_dir, ranks), cwd=ROOT, env=subprocess_env(),
+                              capture_output=True, text=True, timeout=timeout)
+        return TrainerRun(proc.returncode, parse_events(proc.stdout), proc.stderr)
+
+    return run

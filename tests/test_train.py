@@ -1,0 +1,156 @@
+"""The budgeted trainer, run as users and the sweep run it: the real CLI on the real demo text."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from model.config import parse_config
+from model.train import ChargedClock, load_for_eval
+from tests.conftest import ROOT, parse_events, subprocess_env, trainer_command
+
+RECORD_FIELDS = {
+    "status", "val_bpb", "val_loss", "val_tokens", "val_bytes", "train_seconds", "startup_seconds",
+    "eval_seconds", "steps", "tokens", "tokens_per_second", "params", "device", "world_size",
+    "peak_memory_bytes", "config",
+}
+
+
+def test_clock_charges_startup_past_the_allowance_and_skips_excluded_steps():
+    clock = ChargedClock(budget_s=10.0, allowance_s=5.0, excluded_steps=2)
+    clock.start(4.0)
+    assert clock.charged_s == 0.0
+    clock.add_step(0.5)  # excluded, start-up now 4.5
+    clock.add_step(1.0)  # excluded, start-up now 5.5: 0.5 s past the allowance is charged
+    assert clock.startup_s == pytest.approx(5.5) and clock.charged_s == pytest.approx(0.5)
+    for _ in range(9):
+        clock.add_step(1.0)
+    assert clock.charged_s == pytest.approx(9.5)
+    assert clock.should_stop()  # another 1 s step would reach 10.5
+    clock.charged_s = 8.9
+    assert not clock.should_stop()
+
+
+def test_clock_with_max_steps_keys_progress_to_steps():
+    clock = ChargedClock(budget_s=100.0, allowance_s=0.0, excluded_steps=0, max_steps=4)
+    clock.start(0.0)
+    for _ in range(2):
+        clock.add_step(0.1)
+    assert clock.progress == pytest.approx(0.5)
+    clock.add_step(0.1)
+    clock.add_step(0.1)
+    assert clock.should_stop()
+
+
+@pytest.mark.slow
+def test_tiny_model_learns_and_reports_the_full_record(run_trainer, tiny_config, tmp_path):
+    run = run_trainer({**tiny_config, "eval_at_start": True}, budget_s=8, out_dir=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = run.result
+    assert set(result) >= RECORD_FIELDS
+    assert result["status"] == "ok" and result["device"] == "cpu" and result["world_size"] == 1
+    evals = run.of("eval")
+    assert evals[0]["step"] == 0
+    assert result["val_bpb"] < 0.8 * evals[0]["val_bpb"], (evals[0], result["val_bpb"])
+    assert [e["charged_s"] for e in evals] == sorted(e["charged_s"] for e in evals)
+    assert result["config"]["vocab_size"] == 512 and result["params"] > 0
+    model = load_for_eval(tmp_path / "final.pt", "cpu")
+    assert not model.training
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 512)
+
+
+@pytest.mark.slow
+def test_charged_clock_stops_within_one_step_and_excludes_eval(run_trainer, tiny_config):
+    # Large evaluations at three points: if they were charged, the step times would not add up.
+    config = {**tiny_config, "eval_tokens": 65536, "eval_fractions": [0.25, 0.5, 0.75]}
+    result = run_trainer(config, budget_s=10).result
+    budget, charged = 10.0, result["train_seconds"]
+    assert charged <= budget * 1.01
+    assert budget - charged <= 2 * result["step_seconds_max"]
+    assert result["eval_seconds"] > 1.0
+    charged_steps = result["steps"] - result["excluded_steps"]
+    assert charged_steps * result["step_seconds_median"] == pytest.approx(charged, rel=0.25)
+
+
+@pytest.mark.slow
+def test_startup_past_the_allowance_is_charged(run_trainer, tiny_config):
+    result = run_trainer({**tiny_config, "startup_allowance_s": 0.0, "eval_fractions": [1.0]}, budget_s=8).result
+    assert result["startup_seconds"] > 0.5
+    charged_steps = result["steps"] - result["excluded_steps"]
+    spent_on_steps = charged_steps * result["step_seconds_median"]
+    assert result["train_seconds"] <= 8 * 1.01
+    assert result["train_seconds"] - spent_on_steps == pytest.approx(result["startup_seconds"], rel=0.35)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_yields_a_stopped_result(tiny_config):
+    proc = subprocess.Popen(trainer_command(tiny_config, budget_s=120), cwd=ROOT, env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if '"event": "step"' in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 15
+    result = parse_events("".join(lines) + out)[-1]
+    assert proc.returncode == 0
+    assert result["event"] == "result" and result["status"] == "stopped"
+    assert result["train_seconds"] < 60
+
+
+@pytest.mark.slow
+def test_huge_learning_rate_diverges_fast(run_trainer, tiny_config):
+    lrs = {"matrix_lr": 1e4, "embedding_lr": 1e4, "unembedding_lr": 1e4, "scalar_lr": 1e4, "log_every": 1}
+    t0 = time.monotonic()
+    run = run_trainer({**tiny_config, **lrs}, budget_s=120)
+    assert run.returncode == 0
+    assert run.result["status"] == "diverged" and "training loss" in run.result["reason"]
+    assert run.result["steps"] < 50 and time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+def test_seeded_runs_repeat_exactly(run_trainer, tiny_config):
+    config = {**tiny_config, "max_steps": 12, "seed": 7}
+    first, second = (run_trainer(config, budget_s=100).result for _ in range(2))
+    assert first["steps"] == second["steps"] == 12
+    assert first["val_bpb"] == second["val_bpb"]
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_rank_at_the_same_global_batch(run_trainer, tiny_config):
+    config = {**tiny_config, "max_steps": 15}
+    one = run_trainer({**config, "batch_size": 8}, budget_s=100).result
+    two = run_trainer({**config, "batch_size": 4}, budget_s=100, ranks=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.result["world_size"] == 2 and two.result["tokens"] == one["tokens"]
+    assert two.result["val_bpb"] == pytest.approx(one["val_bpb"], abs=0.01)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"depht": 3}, "unknown config key 'depht'"),
+    ({"model_dim": 100, "head_dim": 32}, "not divisible by head_dim"),
+    ({"budget_s": -5}, "budget_s must be positive"),
+])
+def test_bad_config_exits_2_with_one_line(config, message):
+    proc = subprocess.run(trainer_command(config, budget_s=config.get("budget_s", 5)), cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_config_file_and_inline_json_agree(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"depth": 3}))
+    from model.config import load_config_arg
+
+    assert parse_config(load_config_arg(str(path))).to_dict() == parse_config(load_config_arg('{"depth": 3}')).to_dict()
