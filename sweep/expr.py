@@ -1,0 +1,186 @@
+"""A tiny, safe expression language for derived parameters, conditions and constraints.
+
+Spec files are data, so their expressions are parsed with :mod:`ast` and walked by hand over a
+whitelist of nodes: arithmetic, comparisons, boolean logic, ``a if c else b`` and a few pure
+functions. Nothing is ever passed to :func:`eval`, attribute access and subscripts do not parse,
+and exponents are bounded so a spec cannot hang the loader.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ExprError(ValueError):
+    """An expression that does not parse, uses something outside the whitelist, or fails to evaluate."""
+
+
+def gpt_params(depth: float, model_dim: float, vocab_size: float, mlp_ratio: float = 4) -> float:
+    """Parameter estimate of a GPT with untied embedding and head, without torch.
+
+    Per block: attention 4·d² (q, k, v, o) and MLP 2·mlp_ratio·d²; plus embedding and head,
+    2·vocab·d. Norms and scalars are negligible. With mlp_ratio 4 this is the familiar
+    12·depth·d² + 2·vocab·d (59.6M for the competition baseline at depth 10, width 640).
+    """
+    return depth * (4 + 2 * mlp_ratio) * model_dim**2 + 2 * vocab_size * model_dim
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "round": round,
+    "int": int,
+    "float": float,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "sqrt": math.sqrt,
+    "log": math.log,
+    "log2": math.log2,
+    "gpt_params": gpt_params,
+}
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_MAX_EXPONENT = 64
+_MAX_SOURCE = 1000
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed expression; ``names`` are the variables it reads (functions excluded)."""
+
+    source: str
+    names: frozenset[str] = field(compare=False)
+    _tree: ast.Expression = field(compare=False, repr=False)
+
+    def __call__(self, env: Mapping[str, Any]) -> Any:
+        try:
+            return _eval(self._tree.body, env)
+        except ExprError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as e:
+            raise ExprError(f"{self.source!r}: {type(e).__name__}: {e}") from None
+
+
+def parse(source: str) -> Expr:
+    """Parse ``source`` into an :class:`Expr`, rejecting anything outside the whitelist."""
+    if not isinstance(source, str) or not source.strip():
+        raise ExprError("expression must be a non-empty string")
+    if len(source) > _MAX_SOURCE:
+        raise ExprError(f"expression longer than {_MAX_SOURCE} characters")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ExprError(f"{source!r}: syntax error: {e.msg}") from None
+    names: set[str] = set()
+    _check(tree.body, source, names)
+    return Expr(source.strip(), frozenset(names), tree)
+
+
+def _check(node: ast.AST, source: str, names: set[str]) -> None:
+    """Validate the tree once at parse time so evaluation can trust its shape."""
+    if isinstance(node, ast.Constant):
+        if not isinstance(node.value, (int, float, str, bool)) and node.value is not None:
+            raise ExprError(f"{source!r}: constant {node.value!r} not allowed")
+    elif isinstance(node, ast.Name):
+        if node.id in FUNCTIONS:
+            raise ExprError(f"{source!r}: function {node.id!r} used as a value")
+        names.add(node.id)
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        _check(node.left, source, names)
+        _check(node.right, source, names)
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        _check(node.operand, source, names)
+    elif isinstance(node, ast.BoolOp):
+        for v in node.values:
+            _check(v, source, names)
+    elif isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        _check(node.left, source, names)
+        for c in node.comparators:
+            _check(c, source, names)
+    elif isinstance(node, ast.IfExp):
+        for part in (node.test, node.body, node.orelse):
+            _check(part, source, names)
+    elif isinstance(node, (ast.Tuple, ast.List)):
+        for e in node.elts:
+            _check(e, source, names)
+    elif isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            func = ast.unparse(node.func)
+            raise ExprError(f"{source!r}: unknown function {func!r} (allowed: {', '.join(sorted(FUNCTIONS))})")
+        if node.keywords:
+            raise ExprError(f"{source!r}: keyword arguments not allowed")
+        for a in node.args:
+            _check(a, source, names)
+    else:
+        raise ExprError(f"{source!r}: {type(node).__name__} not allowed in expressions")
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in env:
+            raise ExprError(f"name {node.id!r} is not defined here")
+        return env[node.id]
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
+            raise ExprError(f"exponent {right} larger than {_MAX_EXPONENT}")
+        return _BINARY[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_eval(node.operand, env))
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            result: Any = True
+            for v in node.values:
+                result = _eval(v, env)
+                if not result:
+                    return result
+            return result
+        result = False
+        for v in node.values:
+            result = _eval(v, env)
+            if result:
+                return result
+        return result
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = _eval(comp, env)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_eval(e, env) for e in node.elts)
+    if isinstance(node, ast.Call):
+        assert isinstance(node.func, ast.Name)
+        return FUNCTIONS[node.func.id](*(_eval(a, env) for a in node.args))
+    raise ExprError(f"{type(node).__name__} not allowed")  # unreachable after _check

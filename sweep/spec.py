@@ -1,0 +1,459 @@
+"""Study specs: one TOML file per study, validated strictly at load time.
+
+A spec is data a person edits between cluster runs, so every mistake must surface before any
+accelerator is reserved: an unknown key, a wrong type, an empty range, a constraint no point can
+satisfy, an unknown sampler or pruner option. Each becomes a :class:`SpecError` whose single line
+names the file and the key. See ``sweep/studies/demo.toml`` for an annotated example.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import os
+import random
+import tomllib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep import expr
+from sweep.space import Param, SearchSpace, SpaceError
+
+STUDIES_DIR = Path(__file__).resolve().parent / "studies"
+
+SAMPLERS = ("tpe", "gp", "cmaes", "random")
+PRUNERS = ("hyperband", "successive_halving", "median", "percentile", "none")
+# Optional packages some samplers need; checked without importing them.
+_SAMPLER_NEEDS = {"gp": ("scipy", "torch"), "cmaes": ("cmaes",)}
+_CONSTRAINT_SAMPLES = 1000
+
+
+class SpecError(ValueError):
+    """A study spec that cannot be used; the message is one line naming the file and the key."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """A sampler or pruner: its name and the keyword options for its constructor."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one trial reserves in Ray; ``neuron_cores`` is Ray's resource for Trainium cores."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    neuron_cores: int = 0
+
+    def ray_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.num_gpus:
+            opts["num_gpus"] = self.num_gpus
+        if self.neuron_cores:
+            opts["resources"] = {"neuron_cores": self.neuron_cores}
+        return opts
+
+    def as_dict(self) -> dict[str, float]:
+        """Per-trial demand keyed by Ray resource name, zero entries left out."""
+        d = {"CPU": self.num_cpus, "GPU": self.num_gpus, "neuron_cores": float(self.neuron_cores)}
+        return {k: v for k, v in d.items() if v}
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A validated study spec. Durations are seconds; ``space`` holds params, derived and constraints."""
+
+    name: str
+    path: Path
+    direction: str
+    n_trials: int
+    concurrency: int | None  # None: as many as the cluster's resources allow
+    seed: int | None
+    storage: str | None
+    artifacts: str | None
+    budget_s: float
+    startup_allowance_s: float
+    eval_timeout_s: float
+    eval_fractions: tuple[float, ...]
+    ranks: int
+    trainer: str
+    stop_grace_s: float
+    heartbeat_s: float
+    stale_after_s: float
+    env: Mapping[str, str]
+    resources: Resources
+    sampler: Component
+    pruner: Component
+    space: SearchSpace
+
+    @property
+    def deadline_s(self) -> float:
+        """Hard wall-clock limit of one trainer run: budget + start-up allowance + eval timeout."""
+        return self.budget_s + self.startup_allowance_s + self.eval_timeout_s
+
+    @property
+    def eval_steps(self) -> tuple[int, ...]:
+        """Intermediate-report steps: the nominal eval points in whole charged seconds."""
+        return tuple(round(f * self.budget_s) for f in self.eval_fractions)
+
+    @property
+    def final_step(self) -> int:
+        """Step at which the final val_bpb is reported, for learning curves."""
+        return round(self.budget_s)
+
+    def eval_step(self, progress: float) -> int:
+        """Map an eval event's progress to the nearest nominal eval point's step.
+
+        Pruners compare trials at equal steps, so the step must not depend on how far the last
+        training step overshot the eval point.
+        """
+        i = min(range(len(self.eval_fractions)), key=lambda j: abs(self.eval_fractions[j] - progress))
+        return self.eval_steps[i]
+
+
+def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """``NAME`` means ``sweep/studies/NAME.toml``; anything ending in .toml is a path."""
+    text = os.fspath(name_or_path)
+    if text.endswith(".toml") or os.sep in text:
+        return Path(text)
+    return STUDIES_DIR / f"{text}.toml"
+
+
+def load(name_or_path: str | os.PathLike[str]) -> StudySpec:
+    """Load and validate a spec by study name or path; raises :class:`SpecError`."""
+    path = resolve_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such study spec") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{path}: invalid TOML: {e}") from None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    return parse(data, path)
+
+
+def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
+    """Validate an already-decoded spec; ``path`` is used in messages and for the default name."""
+    r = _Reader(path)
+    root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints"})
+    study = r.table(root.get("study", {}), "study",
+                    {"name", "direction", "n_trials", "concurrency", "seed", "storage", "artifacts"})
+    trial = r.table(root.get("trial", {}), "trial",
+                    {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
+                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources"})
+
+    name = r.string(study, "study.name", default=path.stem)
+    if not name or any(c.isspace() or c == "/" for c in name):
+        raise r.error("study.name", f"must be a non-empty name without spaces or '/', got {name!r}")
+    direction = r.choice(study, "study.direction", ("minimize", "maximize"), default="minimize")
+    n_trials = r.integer(study, "study.n_trials", low=1)
+    conc = study.get("concurrency", "auto")
+    concurrency = None if conc == "auto" else r.integer(study, "study.concurrency", low=1)
+    seed = r.integer(study, "study.seed", default=None)
+    storage = r.string(study, "study.storage", default=None)
+    artifacts = r.string(study, "study.artifacts", default=None)
+
+    budget_s = r.number(trial, "trial.budget_s", low=0, strict=True)
+    startup_allowance_s = r.number(trial, "trial.startup_allowance_s", low=0, default=0.0)
+    eval_timeout_s = r.number(trial, "trial.eval_timeout_s", low=0, strict=True)
+    fractions = _eval_fractions(r, trial, budget_s)
+    ranks = r.integer(trial, "trial.ranks", low=1, default=1)
+    trainer = r.string(trial, "trial.trainer", default="model.train")
+    stop_grace_s = r.number(trial, "trial.stop_grace_s", low=0, strict=True, default=30.0)
+    heartbeat_s = r.number(trial, "trial.heartbeat_s", low=0, strict=True, default=10.0)
+    stale_after_s = r.number(trial, "trial.stale_after_s", low=0, strict=True, default=max(120.0, 6 * heartbeat_s))
+    if stale_after_s < 2 * heartbeat_s:
+        raise r.error("trial.stale_after_s", f"must be at least twice trial.heartbeat_s ({heartbeat_s})")
+    env_table = r.table(trial.get("env", {}), "trial.env", None)
+    env = {}
+    for k, v in env_table.items():
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise r.error(f"trial.env.{k}", "must be a string or number")
+        env[k] = str(v)
+    res = r.table(trial.get("resources", {}), "trial.resources", {"num_cpus", "num_gpus", "neuron_cores"})
+    resources = Resources(
+        num_cpus=r.number(res, "trial.resources.num_cpus", low=0, default=1.0),
+        num_gpus=r.number(res, "trial.resources.num_gpus", low=0, default=0.0),
+        neuron_cores=r.integer(res, "trial.resources.neuron_cores", low=0, default=0),
+    )
+    if resources.neuron_cores and ranks > resources.neuron_cores:
+        raise r.error("trial.ranks", f"{ranks} ranks need at least as many neuron_cores ({resources.neuron_cores})")
+
+    sampler = _sampler(r, root.get("sampler", {"name": "tpe"}), seed)
+    pruner = _pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
+
+    space = _space(r, root)
+    spec = StudySpec(
+        name=name, path=path, direction=direction, n_trials=n_trials, concurrency=concurrency, seed=seed,
+        storage=storage, artifacts=artifacts, budget_s=budget_s, startup_allowance_s=startup_allowance_s,
+        eval_timeout_s=eval_timeout_s, eval_fractions=fractions, ranks=ranks, trainer=trainer,
+        stop_grace_s=stop_grace_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, env=env,
+        resources=resources, sampler=sampler, pruner=pruner, space=space,
+    )
+    return spec
+
+
+class _Reader:
+    """Typed access to decoded TOML that turns every mismatch into a one-line SpecError."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, key: str, message: str) -> SpecError:
+        return SpecError(f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}")
+
+    def table(self, value: Any, key: str, allowed: set[str] | None) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.error(key, "must be a table")
+        if allowed is not None:
+            for k in value:
+                if k not in allowed:
+                    where = f"{key}.{k}" if key else k
+                    raise self.error(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        return dict(value)
+
+    def string(self, t: Mapping[str, Any], key: str, default: Any = ...) -> Any:
+        v = self._get(t, key, default)
+        if v is default and default is not ...:
+            return v
+        if not isinstance(v, str):
+            raise self.error(key, f"must be a string, got {v!r}")
+        return v
+
+    def choice(self, t: Mapping[str, Any], key: str, choices: tuple[str, ...], default: Any = ...) -> str:
+        v = self.string(t, key, default)
+        if v not in choices:
+            raise self.error(key, f"must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    def integer(self, t: Mapping[str, Any], key: str, low: int | None = None, default: Any = ...) -> Any:
+        v = self._get(t, key, default)
+        if v is default and default is not ...:
+            return v
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.error(key, f"must be an integer, got {v!r}")
+        if low is not None and v < low:
+            raise self.error(key, f"must be >= {low}, got {v}")
+        return v
+
+    def number(self, t: Mapping[str, Any], key: str, low: float | None = None, strict: bool = False,
+               default: Any = ...) -> Any:
+        v = self._get(t, key, default)
+        if v is default and default is not ...:
+            return v
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise self.error(key, f"must be a finite number, got {v!r}")
+        if low is not None and (v <= low if strict else v < low):
+            raise self.error(key, f"must be {'>' if strict else '>='} {low}, got {v}")
+        return float(v)
+
+    def _get(self, t: Mapping[str, Any], key: str, default: Any) -> Any:
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in t:
+            return t[leaf]
+        if default is ...:
+            raise self.error(key, "missing")
+        return default
+
+
+def _eval_fractions(r: _Reader, trial: Mapping[str, Any], budget_s: float) -> tuple[float, ...]:
+    key = "trial.eval_fractions"
+    raw = trial.get("eval_fractions", [0.25, 0.5, 0.75])
+    if not isinstance(raw, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in raw):
+        raise r.error(key, "must be a list of numbers")
+    fractions = tuple(float(f) for f in raw)
+    if any(not 0 < f <= 1 for f in fractions):
+        raise r.error(key, f"every fraction must lie in (0, 1], got {list(fractions)}")
+    if list(fractions) != sorted(set(fractions)):
+        raise r.error(key, "must be strictly increasing")
+    steps = [round(f * budget_s) for f in fractions]
+    if len(set(steps)) != len(steps):
+        raise r.error(key, f"eval points collide on the charged-second axis at budget {budget_s:g} s ({steps}); "
+                      "use fewer evals or a longer budget")
+    return fractions
+
+
+def _options(r: _Reader, key: str, table: Mapping[str, Any], cls: type, fixed: set[str]) -> dict[str, Any]:
+    """Keyword options for ``cls``, each checked against its constructor's signature."""
+    params = inspect.signature(cls).parameters
+    opts = {}
+    for k, v in table.items():
+        if k == "name":
+            continue
+        if k not in params or k in fixed:
+            allowed = sorted(p for p in params if p not in fixed and p != "self")
+            raise r.error(f"{key}.{k}", f"unknown option for {table['name']} (allowed: {', '.join(allowed)})")
+        opts[k] = v
+    return opts
+
+
+def _sampler(r: _Reader, raw: Any, seed: int | None) -> Component:
+    import optuna
+
+    t = r.table(raw, "sampler", None)
+    name = r.choice(t, "sampler.name", SAMPLERS, default="tpe")
+    missing = [m for m in _SAMPLER_NEEDS.get(name, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise r.error("sampler.name", f"{name!r} needs the package(s) {', '.join(missing)}, not installed")
+    cls = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler,
+           "cmaes": optuna.samplers.CmaEsSampler, "random": optuna.samplers.RandomSampler}[name]
+    opts = _options(r, "sampler", {**t, "name": name}, cls, set())
+    if name == "tpe":
+        # Several trials run at once: the constant liar keeps TPE from proposing the same point twice.
+        opts.setdefault("constant_liar", True)
+    if seed is not None:
+        opts.setdefault("seed", seed)
+    try:
+        build_sampler(Component(name, opts))
+    except (TypeError, ValueError) as e:
+        raise r.error("sampler", f"{name}: {e}") from None
+    return Component(name, opts)
+
+
+def _pruner(r: _Reader, raw: Any, fractions: tuple[float, ...], budget_s: float) -> Component:
+    import optuna
+
+    t = r.table(raw, "pruner", None)
+    name = r.choice(t, "pruner.name", PRUNERS, default="none")
+    cls = {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+           "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
+           "none": optuna.pruners.NopPruner}[name]
+    opts = _options(r, "pruner", {**t, "name": name}, cls, set())
+    first = max(1, round(fractions[0] * budget_s)) if fractions else 1
+    if name == "hyperband":
+        opts.setdefault("min_resource", first)
+        opts.setdefault("max_resource", max(first, round(budget_s)))
+    elif name == "successive_halving":
+        opts.setdefault("min_resource", first)
+    elif name == "median":
+        opts.setdefault("n_startup_trials", 2)
+    if name != "none" and not fractions:
+        raise r.error("pruner.name", f"{name!r} needs intermediate evals: trial.eval_fractions is empty")
+    try:
+        build_pruner(Component(name, opts))
+    except (TypeError, ValueError) as e:
+        raise r.error("pruner", f"{name}: {e}") from None
+    return Component(name, opts)
+
+
+def build_sampler(c: Component) -> Any:
+    """Construct the Optuna sampler a spec names (imports lazily: the worker never needs one)."""
+    import optuna
+
+    cls = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler,
+           "cmaes": optuna.samplers.CmaEsSampler, "random": optuna.samplers.RandomSampler}[c.name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return cls(**c.options)
+
+
+def build_pruner(c: Component) -> Any:
+    import optuna
+
+    cls = {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+           "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
+           "none": optuna.pruners.NopPruner}[c.name]
+    return cls(**c.options)
+
+
+def _space(r: _Reader, root: Mapping[str, Any]) -> SearchSpace:
+    fixed = r.table(root.get("fixed", {}), "fixed", None)
+    params_t = r.table(root.get("params", {}), "params", None)
+    derived_t = r.table(root.get("derived", {}), "derived", None)
+    constraints_t = r.table(root.get("constraints", {}), "constraints", None)
+
+    params = [_param(r, name, raw) for name, raw in params_t.items()]
+    derived: list[tuple[str, expr.Expr]] = []
+    for name, src in derived_t.items():
+        derived.append((name, _expr(r, f"derived.{name}", src)))
+    constraints: list[tuple[str, expr.Expr]] = []
+    for name, src in constraints_t.items():
+        constraints.append((name, _expr(r, f"constraints.{name}", src)))
+
+    try:
+        space = SearchSpace.build(params, derived, constraints, fixed)
+    except SpaceError as e:
+        raise r.error(e.key, str(e.message)) from None
+    _check_satisfiable(r, space)
+    return space
+
+
+def _expr(r: _Reader, key: str, src: Any) -> expr.Expr:
+    if not isinstance(src, str):
+        raise r.error(key, "must be an expression string")
+    try:
+        return expr.parse(src)
+    except expr.ExprError as e:
+        raise r.error(key, str(e)) from None
+
+
+def _param(r: _Reader, name: str, raw: Any) -> Param:
+    key = f"params.{name}"
+    t = r.table(raw, key, {"type", "low", "high", "step", "log", "choices", "when"})
+    kind = r.choice(t, f"{key}.type", ("float", "int", "categorical"))
+    when = _expr(r, f"{key}.when", t["when"]) if "when" in t else None
+    if kind == "categorical":
+        for k in ("low", "high", "step", "log"):
+            if k in t:
+                raise r.error(f"{key}.{k}", "not allowed for a categorical parameter")
+        choices = t.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise r.error(f"{key}.choices", "must be a non-empty list")
+        if any(not isinstance(c, (str, int, float, bool)) for c in choices):
+            raise r.error(f"{key}.choices", "choices must be strings, numbers or booleans")
+        if len({(type(c), c) for c in choices}) != len(choices):
+            raise r.error(f"{key}.choices", "duplicate choice")
+        return Param(name, kind, choices=tuple(choices), when=when)
+    if "choices" in t:
+        raise r.error(f"{key}.choices", f"not allowed for a {kind} parameter")
+    log = t.get("log", False)
+    if not isinstance(log, bool):
+        raise r.error(f"{key}.log", "must be true or false")
+    if kind == "int":
+        low, high = r.integer(t, f"{key}.low"), r.integer(t, f"{key}.high")
+        step = r.integer(t, f"{key}.step", low=1, default=1)
+    else:
+        low, high = r.number(t, f"{key}.low"), r.number(t, f"{key}.high")
+        step = r.number(t, f"{key}.step", low=0, strict=True, default=None)
+    if low > high:
+        raise r.error(f"{key}.high", f"empty range: low {low} > high {high}")
+    if log and low <= 0:
+        raise r.error(f"{key}.low", f"log scale needs low > 0, got {low}")
+    if log and step not in (None, 1):
+        raise r.error(f"{key}.step", "a step cannot be combined with log scale")
+    if step is not None and kind == "float":
+        n = (high - low) / step
+        if abs(n - round(n)) > 1e-9 * max(1.0, abs(n)):
+            raise r.error(f"{key}.step", f"high - low ({high - low:g}) must be a multiple of step {step:g}")
+    if kind == "int" and (high - low) % step:
+        raise r.error(f"{key}.step", f"high - low ({high - low}) must be a multiple of step {step}")
+    return Param(name, kind, low=low, high=high, step=step, log=log, when=when)
+
+
+def _check_satisfiable(r: _Reader, space: SearchSpace) -> None:
+    """Sample random points: an expression that cannot evaluate or constraints no point meets are errors."""
+    rng = random.Random(0)
+    violated: dict[str, int] = {}
+    for _ in range(_CONSTRAINT_SAMPLES):
+        try:
+            point = space.sample(rng)
+            _, broken = space.complete(point)
+        except SpaceError as e:
+            raise r.error(e.key, e.message) from None
+        if broken is None:
+            return
+        violated[broken] = violated.get(broken, 0) + 1
+    if not space.constraints:  # pragma: no cover - a point always passes without constraints
+        return
+    worst = max(violated, key=lambda k: violated[k])
+    raise r.error(f"constraints.{worst}",
+                  f"no point among {_CONSTRAINT_SAMPLES} random samples satisfies the constraints "
+                  f"({worst!r} failed {violated[worst]} times)")
