@@ -1,0 +1,596 @@
+"""The sweep driver: ``python -m sweep run NAME``.
+
+It creates or resumes the Optuna study, keeps one trial in flight per free slot as a Ray task
+(``max_retries=0``, the slot's resources, one supervisor and one trainer group per task), notices
+dead trials, prints what happens, and stops when the study holds ``n_trials`` finished trials.
+
+What counts towards ``n_trials``: every COMPLETE and PRUNED trial, and every FAIL that is final.
+A FAIL is not final when it is a constraint rejection (never ran) or a retryable failure
+(``crash``, ``lost``) of an original trial, because its retry stands in for it. So each proposed
+point is run at most twice and the loop always terminates. Ad-hoc trials (``sweep trial``) do not
+count.
+
+Liveness: a trial is RUNNING while someone vouches for it. The driver writes the heartbeat of its
+trials still queued in Ray; the supervisor writes it every ``heartbeat_s`` once started. A RUNNING
+trial nobody owns in this process is lost when its heartbeat is older than ``stale_after_s``, or
+at once when the driver that asked it ran on this host and that process is gone (a killed local
+driver takes its local Ray, its tasks and, through the reaper, its trainers with it). Lost trials
+are told FAIL with the reason and retried once under a new number with ``retry_of`` pointing back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from sweep import storage as st
+from sweep.space import ConstraintViolation
+from sweep.spec import StudySpec, build_pruner, build_sampler
+from sweep.worker import (
+    ATTR_DRIVER,
+    ATTR_HEARTBEAT,
+    ATTR_STARTED,
+    RETRYABLE,
+    TrialTask,
+    host_identity,
+    process_alive,
+)
+
+ENV_ARTIFACTS = "SWEEP_ARTIFACTS"
+DEFAULT_ARTIFACTS = "runs/artifacts"
+MAX_CONSTRAINT_REJECTS = 100
+PROGRESS_EVERY_S = 30.0
+
+
+class SweepAborted(Exception):
+    """The sweep cannot go on (e.g. the trainer rejects the spec's config); exit 2, one line."""
+
+
+def counts(t: Any) -> bool:
+    """Whether a finished trial uses up one of the study's ``n_trials`` (see module docstring)."""
+    from optuna.trial import TrialState
+
+    if t.user_attrs.get("adhoc"):
+        return False
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    if t.state == TrialState.FAIL:
+        kind = t.user_attrs.get("fail_kind")
+        if kind == "constraint":
+            return False
+        return not (kind in RETRYABLE and "retry_of" not in t.user_attrs)
+    return False
+
+
+def needs_retry(t: Any) -> bool:
+    """A FAIL whose retry has not been enqueued yet must get one (checked against existing retries)."""
+    from optuna.trial import TrialState
+
+    return (t.state == TrialState.FAIL and t.user_attrs.get("fail_kind") in RETRYABLE
+            and "retry_of" not in t.user_attrs and not t.user_attrs.get("adhoc"))
+
+
+def artifacts_root(spec: StudySpec) -> Path:
+    root = os.environ.get(ENV_ARTIFACTS) or spec.artifacts or DEFAULT_ARTIFACTS
+    if root.startswith("s3://"):
+        logging.getLogger("sweep").warning("artifacts %s: S3 upload is not implemented here; staging under %s",
+                                           root, DEFAULT_ARTIFACTS)
+        root = DEFAULT_ARTIFACTS
+    return Path(root).expanduser().resolve()
+
+
+@dataclass
+class _InFlight:
+    number: int
+    trial_id: int
+    params: dict[str, Any]
+    submitted: float
+    started: float | None = None
+    reported: set[int] = field(default_factory=set)
+    cancelled: str | None = None  # why the driver cancelled it, if it did
+
+
+class Driver:
+    """One sweep run over a study; :meth:`run` returns the process exit code."""
+
+    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0) -> None:
+        self.spec = spec
+        self.out = out or sys.stdout
+        self.poll_s = poll_s
+        self.url = st.resolve_url(spec.storage)
+        self.run_id = uuid.uuid4().hex[:8]
+        self.identity = {**host_identity(), "run": self.run_id}
+        self.inflight: dict[Any, _InFlight] = {}
+        self.t0 = time.monotonic()
+        self._started_ray = False
+        self._last_scan = 0.0
+        self._last_progress = 0.0
+        self._rejects = 0
+        self._rng = random.Random()
+        self._stop: str | None = None
+        self.study: Any = None
+        self._remote: Any = None
+
+    # -- printing -------------------------------------------------------------------------------
+
+    def say(self, msg: str) -> None:
+        print(st.scrub(msg, self.url), file=self.out, flush=True)
+
+    def _elapsed(self) -> str:
+        s = int(time.monotonic() - self.t0)
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def open_study(self) -> Any:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        storage = st.open_storage(self.url, role="driver")
+        spec = self.spec
+        study = st.retry(lambda: optuna.create_study(study_name=spec.name, storage=storage,
+                                                     direction=spec.direction, load_if_exists=True,
+                                                     sampler=optuna.samplers.RandomSampler(),
+                                                     pruner=build_pruner(spec.pruner)),
+                         what="open study", url=self.url)
+        if study.direction.name.lower() != spec.direction:
+            raise SweepAborted(f"study {spec.name!r} exists with direction {study.direction.name.lower()}, "
+                               f"spec says {spec.direction}")
+        existing = len(study.get_trials(deepcopy=False))
+        # Re-seed on resume, or a seeded sampler would propose its first points all over again.
+        sampler_spec = spec.sampler
+        if "seed" in sampler_spec.options and existing:
+            sampler_spec = type(sampler_spec)(sampler_spec.name,
+                                              {**sampler_spec.options, "seed": sampler_spec.options["seed"] + existing})
+        study.sampler = build_sampler(sampler_spec)
+        self._rng = random.Random((spec.seed or 0) + existing)
+        with contextlib.suppress(Exception):
+            for k, v in {"spec": str(spec.path), "budget_s": spec.budget_s, "n_trials": spec.n_trials,
+                         "direction": spec.direction}.items():
+                if study.user_attrs.get(k) != v:
+                    study.set_user_attr(k, v)
+        self.study = study
+        return study
+
+    def connect_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        address = os.environ.get("RAY_ADDRESS")
+        kwargs: dict[str, Any] = {"namespace": "trnsweep", "log_to_driver": False, "logging_level": logging.WARNING}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            kwargs |= {"include_dashboard": False, "num_cpus": os.cpu_count() or 1,
+                       "object_store_memory": 200 * 1024**2}
+            ray.init(**kwargs)
+            self._started_ray = True
+        missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
+        if missing and self._started_ray:
+            raise SweepAborted(f"{self.spec.path}: trial.resources: this machine's Ray has no {', '.join(missing)}")
+        if missing:
+            self.say(f"warning: the cluster has no {', '.join(missing)} yet; trials wait until it does")
+
+    def slots(self) -> int:
+        if self.spec.concurrency is not None:
+            return self.spec.concurrency
+        import ray
+
+        total = ray.cluster_resources()
+        need = self.spec.resources.as_dict() or {"CPU": 1.0}
+        return max(1, min(int(total.get(k, 0) // v) for k, v in need.items()))
+
+    # -- main loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        spec = self.spec
+        self.say(f"study {spec.name}: storage {st.redact(self.url)}, {spec.n_trials} trials, "
+                 f"budget {spec.budget_s:g} s, deadline {spec.deadline_s:g} s per trial")
+        self.open_study()
+        self.connect_ray()
+        self.say(f"ray: {self._ray_summary()}; {self.slots()} trial slot(s)")
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.reconcile()
+            while True:
+                if self._stop:
+                    raise KeyboardInterrupt(self._stop)
+                trials = self._scan()
+                done = sum(counts(t) for t in trials)
+                running = sum(1 for t in trials if t.state.name == "RUNNING")
+                want = spec.n_trials - done - running
+                while want > 0 and len(self.inflight) < self.slots() and not self._stop:
+                    if self.launch_next():
+                        want -= 1
+                if not self.inflight and want <= 0:
+                    break
+                self.wait_some()
+            self.progress(force=True)
+            self.print_best()
+            return 0
+        except KeyboardInterrupt:
+            self.abandon(f"driver interrupted ({self._stop or 'SIGINT'})")
+            self.say("interrupted: running trials failed as lost; `sweep run` again resumes with their retries")
+            return 1
+        except SweepAborted:
+            self.abandon("sweep aborted")
+            raise
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.shutdown()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._stop = signal.Signals(signum).name
+
+    def shutdown(self) -> None:
+        if self._started_ray:
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            self._started_ray = False
+
+    def _ray_summary(self) -> str:
+        import ray
+
+        res = ray.cluster_resources()
+        keys = [k for k in ("CPU", "GPU", "neuron_cores") if k in res]
+        return ", ".join(f"{k}={res[k]:g}" for k in keys) or "no resources"
+
+    # -- asking and launching -------------------------------------------------------------------
+
+    def launch_next(self) -> bool:
+        """Ask one trial and submit it; False when it was rejected by a constraint."""
+        from optuna.trial import TrialState
+
+        study, spec = self.study, self.spec
+        trial = st.retry(study.ask, what="ask", url=self.url)
+        storage = study._storage
+        storage.set_trial_system_attr(trial._trial_id, ATTR_DRIVER, self.identity)
+        storage.set_trial_system_attr(trial._trial_id, ATTR_HEARTBEAT, time.time())
+        try:
+            params = spec.space.suggest(trial)
+        except ConstraintViolation as cv:
+            for k, v in {"fail_kind": "constraint", "fail_reason": str(cv)}.items():
+                storage.set_trial_user_attr(trial._trial_id, k, v)
+            st.retry(lambda: study.tell(trial, state=TrialState.FAIL, skip_if_finished=True), url=self.url)
+            self._rejects += 1
+            if self._rejects >= MAX_CONSTRAINT_REJECTS:
+                point = spec.space.sample_feasible(self._rng)
+                if point is not None:
+                    self.say(f"{self._rejects} constraint rejections in a row; enqueueing a random feasible point")
+                    study.enqueue_trial(point, user_attrs={"random_feasible": True})
+                self._rejects = 0
+            return False
+        self._rejects = 0
+        self.submit(trial.number, trial._trial_id, params, trial.user_attrs)
+        return True
+
+    def submit(self, number: int, trial_id: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
+        import ray
+
+        spec = self.spec
+        config = {**spec.space.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
+                  "eval_fractions": list(spec.eval_fractions)}
+        task = TrialTask(
+            study=spec.name, storage_url=self.url, number=number, trial_id=trial_id, params=params,
+            config=config, budget_s=spec.budget_s, deadline_s=spec.deadline_s, eval_fractions=spec.eval_fractions,
+            ranks=spec.ranks, trainer=spec.trainer, stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s,
+            env=dict(spec.env), pruner=(spec.pruner.name, dict(spec.pruner.options)),
+            artifact_dir=str(artifacts_root(spec) / spec.name / str(number)),
+        )
+        if self._remote is None:
+            self._remote = ray.remote(_run_trial_task)
+        ref = self._remote.options(max_retries=0, name=f"{spec.name}-trial-{number}",
+                                   **spec.resources.ray_options()).remote(task)
+        self.inflight[ref] = _InFlight(number, trial_id, params, time.monotonic())
+        note = f" (retry of trial {user_attrs['retry_of']})" if "retry_of" in user_attrs else ""
+        self.say(f"trial {number} started{note}: {_fmt_params(params)}")
+
+    # -- waiting and results --------------------------------------------------------------------
+
+    def wait_some(self) -> None:
+        import ray
+
+        refs = list(self.inflight)
+        if not refs:
+            time.sleep(self.poll_s)
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)
+        for ref in ready:
+            slot = self.inflight.pop(ref)
+            self.finish(slot, ref)
+        if ready:
+            self.progress(force=True)
+        else:
+            self.progress()
+
+    def finish(self, slot: _InFlight, ref: Any) -> None:
+        import ray
+
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.TaskCancelledError:
+            result = None
+            kind, reason = "lost", slot.cancelled or "Ray task cancelled"
+        except ray.exceptions.OutOfMemoryError as e:
+            result = None
+            kind, reason = "oom", f"Ray's memory monitor killed the worker: {_one_line(e)}"
+        except ray.exceptions.RayError as e:
+            result = None
+            kind, reason = "lost", f"worker died: {_one_line(e)}"
+        if slot.cancelled and slot.cancelled.startswith("hard deadline"):
+            kind, reason = "deadline", slot.cancelled
+        if result is None:
+            if slot.cancelled and slot.cancelled.startswith("heartbeat"):
+                reason = slot.cancelled
+            self.fail(slot.number, slot.trial_id, kind, reason)
+            self._retry_if_needed(slot.number)
+            return
+        self._print_reports(slot)
+        if not result["told"]:
+            self._tell_from_outcome(slot, result)
+        self._print_outcome(slot, result)
+        if result["fail_kind"] == "config":
+            raise SweepAborted(f"trial {slot.number}: {result['reason']}")
+        if result["state"] == "FAIL" and result["fail_kind"] in RETRYABLE:
+            self._retry_if_needed(slot.number)
+
+    def _tell_from_outcome(self, slot: _InFlight, result: dict[str, Any]) -> None:
+        """The supervisor could not store its outcome (database outage); store it from here."""
+        from optuna.trial import TrialState
+
+        t = self.study._storage.get_trial(slot.trial_id)
+        if t.state.is_finished():
+            return
+        attrs = dict(result.get("record") or {})
+        attrs.update({k: result[k] for k in ("fail_kind",) if result.get(k)})
+        if result.get("reason") and result["state"] != "COMPLETE":
+            attrs["fail_reason"] = result["reason"]
+        attrs["slot_seconds"] = result.get("slot_seconds")
+        for k, v in attrs.items():
+            st.retry(lambda k=k, v=v: self.study._storage.set_trial_user_attr(slot.trial_id, k, v), url=self.url)
+        state = TrialState[result["state"]]
+        values = result["value"] if state == TrialState.COMPLETE else None
+        st.retry(lambda: self.study.tell(slot.number, values, state=state, skip_if_finished=True), url=self.url)
+
+    def fail(self, number: int, trial_id: int, kind: str, reason: str) -> bool:
+        """Tell FAIL with kind and reason unless the trial already finished; True if this call did."""
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        storage = self.study._storage
+        try:
+            if st.retry(lambda: storage.get_trial(trial_id), url=self.url).state.is_finished():
+                return False
+            for k, v in {"fail_kind": kind, "fail_reason": reason}.items():
+                st.retry(lambda k=k, v=v: storage.set_trial_user_attr(trial_id, k, v), url=self.url)
+            st.retry(lambda: self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True), url=self.url)
+        except UpdateFinishedTrialError:
+            return False
+        except RuntimeError as e:
+            if "finished" in str(e).lower():
+                return False
+            raise
+        self.say(f"trial {number} FAIL ({kind}): {reason}")
+        return True
+
+    def _retry_if_needed(self, number: int) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        self._enqueue_retries(trials, only={number})
+
+    def _enqueue_retries(self, trials: list[Any], only: set[int] | None = None) -> None:
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        for t in trials:
+            if only is not None and t.number not in only:
+                continue
+            if needs_retry(t) and t.number not in retried:
+                st.retry(lambda t=t: self.study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number}),
+                         url=self.url)
+                self.say(f"trial {t.number}: retry enqueued with the same parameters")
+
+    # -- liveness -------------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """On start: fail RUNNING trials whose owner is gone, and enqueue retries that are missing."""
+        trials = self._scan(force=True)
+        self._enqueue_retries(trials)
+        n = len(trials)
+        if n:
+            states: dict[str, int] = {}
+            for t in trials:
+                states[t.state.name] = states.get(t.state.name, 0) + 1
+            self.say(f"resuming study {self.spec.name}: {n} trials so far ({_fmt_counts(states)})")
+
+    def _scan(self, force: bool = False) -> list[Any]:
+        """All trials; every heartbeat interval also checks liveness and prints new reports."""
+        trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
+        now = time.monotonic()
+        if not force and now - self._last_scan < min(self.spec.heartbeat_s / 2, 5.0):
+            return trials
+        self._last_scan = now
+        mine = {s.trial_id: (ref, s) for ref, s in self.inflight.items()}
+        wall = time.time()
+        changed = False
+        for t in trials:
+            if t.state.name != "RUNNING":
+                continue
+            if t._trial_id in mine:
+                ref, slot = mine[t._trial_id]
+                changed |= self._check_own(t, ref, slot, wall)
+            else:
+                changed |= self._check_foreign(t, wall)
+        if changed:
+            trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
+            self._enqueue_retries(trials)
+        return trials
+
+    def _check_own(self, t: Any, ref: Any, slot: _InFlight, wall: float) -> bool:
+        import ray
+
+        started = t.system_attrs.get(ATTR_STARTED)
+        storage = self.study._storage
+        if started is None:
+            with contextlib.suppress(Exception):
+                storage.set_trial_system_attr(t._trial_id, ATTR_HEARTBEAT, wall)
+            return False
+        slot.started = started
+        self._print_reports(slot, t)
+        beat = t.system_attrs.get(ATTR_HEARTBEAT, started)
+        spec = self.spec
+        why = None
+        if wall - started > spec.deadline_s + spec.stop_grace_s + spec.stale_after_s:
+            why = (f"hard deadline {spec.deadline_s:g} s exceeded and the supervisor did not stop it; "
+                   "Ray task cancelled")
+        elif wall - max(beat, started) > spec.stale_after_s:
+            why = f"heartbeat lost: none for {wall - max(beat, started):.0f} s; Ray task cancelled"
+        if why and slot.cancelled is None:
+            slot.cancelled = why
+            ray.cancel(ref, force=True)
+        return False
+
+    def _check_foreign(self, t: Any, wall: float) -> bool:
+        owner = t.system_attrs.get(ATTR_DRIVER) or {}
+        if owner.get("run") == self.run_id:
+            return False  # asked by us but not in flight: only between ask and submit
+        beat = t.system_attrs.get(ATTR_HEARTBEAT)
+        if beat is None and t.datetime_start is not None:
+            beat = t.datetime_start.timestamp()
+        alive = process_alive(owner) if owner else None
+        if alive is False:
+            reason = f"lost: its driver (pid {owner.get('pid')} on {owner.get('host')}) is gone"
+        elif beat is not None and wall - beat > self.spec.stale_after_s:
+            reason = f"lost: no heartbeat for {wall - beat:.0f} s (worker or driver died)"
+        else:
+            return False
+        return self.fail(t.number, t._trial_id, "lost", reason)
+
+    def abandon(self, why: str) -> None:
+        """Cancel every trial in flight and fail it as lost; a later run retries them."""
+        import ray
+
+        for ref, slot in list(self.inflight.items()):
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+            with contextlib.suppress(Exception):
+                self.fail(slot.number, slot.trial_id, "lost", why)
+        self.inflight.clear()
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def _print_reports(self, slot: _InFlight, t: Any | None = None) -> None:
+        if t is None:
+            t = self.study._storage.get_trial(slot.trial_id)
+        for step in sorted(t.intermediate_values):
+            if step not in slot.reported and step != round(self.spec.budget_s):
+                slot.reported.add(step)
+                self.say(f"trial {slot.number}: t={step}s val_bpb={t.intermediate_values[step]:.4f}")
+
+    def _print_outcome(self, slot: _InFlight, r: dict[str, Any]) -> None:
+        rec = r.get("record") or {}
+        if r["state"] == "COMPLETE":
+            self.say(f"trial {slot.number} COMPLETE val_bpb={r['value']:.4f} train={_num(rec.get('train_seconds'))}s "
+                     f"steps={rec.get('steps')} slot={r['slot_seconds']:.1f}s")
+        elif r["state"] == "PRUNED":
+            self.say(f"trial {slot.number} PRUNED: {r['reason']}")
+        else:
+            self.say(f"trial {slot.number} FAIL ({r['fail_kind']}): {r['reason']}")
+
+    def progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_progress < PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        trials = self.study.get_trials(deepcopy=False)
+        states: dict[str, int] = {}
+        for t in trials:
+            states[t.state.name] = states.get(t.state.name, 0) + 1
+        done = sum(counts(t) for t in trials)
+        failed = sum(1 for t in trials if t.state.name == "FAIL" and t.user_attrs.get("fail_kind") != "constraint")
+        best = _best(trials, self.spec.direction)
+        best_s = f"{best.value:.4f} (trial {best.number})" if best else "-"
+        self.say(f"progress: done {done}/{self.spec.n_trials}, running {len(self.inflight)}, "
+                 f"pruned {states.get('PRUNED', 0)}, failed {failed}, best {best_s}, elapsed {self._elapsed()}")
+
+    def print_best(self) -> None:
+        best = _best(self.study.get_trials(deepcopy=False), self.spec.direction)
+        if best is None:
+            self.say("no trial completed")
+            return
+        self.say(f"best: trial {best.number} val_bpb={best.value:.4f} {_fmt_params(best.params)}")
+
+    # -- ad-hoc trials --------------------------------------------------------------------------
+
+    def run_adhoc(self, params: dict[str, Any]) -> int:
+        """Run one trial with hand-picked parameters, recorded in the study (``sweep trial``)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        point = self.spec.space.validate(params)
+        self.open_study()
+        self.connect_ray()
+        try:
+            frozen = optuna.trial.create_trial(
+                state=TrialState.RUNNING, params=point, distributions=self.spec.space.distributions(point),
+                user_attrs={"adhoc": True},
+                system_attrs={ATTR_DRIVER: self.identity, ATTR_HEARTBEAT: time.time()})
+            storage = self.study._storage
+            trial_id = storage.create_new_trial(self.study._study_id, template_trial=frozen)
+            number = storage.get_trial(trial_id).number
+            self.submit(number, trial_id, point, {})
+            while self.inflight:
+                self._scan()
+                self.wait_some()
+            t = storage.get_trial(trial_id)
+            self.say(json.dumps({"number": number, "state": t.state.name, "value": t.value}))
+            return 0 if t.state == TrialState.COMPLETE else 1
+        finally:
+            self.shutdown()
+
+
+def _run_trial_task(task: TrialTask) -> dict[str, Any]:
+    """The Ray task body, kept thin: everything happens in :func:`sweep.worker.run_trial`."""
+    from sweep.worker import run_trial
+
+    return run_trial(task).as_dict()
+
+
+def _best(trials: list[Any], direction: str) -> Any:
+    done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return None
+    pick: Callable[..., Any] = min if direction == "minimize" else max
+    return pick(done, key=lambda t: t.value)
+
+
+def _fmt_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def _fmt_counts(states: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+
+
+def _num(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else "?"
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]

@@ -1,0 +1,528 @@
+"""The trial supervisor: runs inside a Ray task, owns one trainer process group from start to end.
+
+It starts the trainer (``python -m model.train``, or torchrun for several ranks) in a new session,
+streams its JSON-lines events, reports each intermediate val_bpb to Optuna on the charged-second
+axis and asks the pruner, stops the trainer when pruned (SIGTERM, then SIGKILL after a grace
+period), kills the whole group at the hard deadline, and always reaps the group before returning.
+A detached reaper (:mod:`sweep.reaper`) kills the group if this process dies first.
+
+The supervisor records the outcome itself (result record as user attributes, then ``tell``), so
+a finished trial is stored even if the driver dies at that moment. Outcomes:
+
+- trainer ``ok`` -> COMPLETE with value = val_bpb;
+- pruned by the pruner -> PRUNED (the trainer's ``stopped`` record is kept);
+- ``diverged`` -> PRUNED with ``fail_kind = "diverged"``: a diverging config is a bad point the
+  sampler should learn from (TPE ranks pruned trials below complete ones), not a broken run;
+- ``failed`` (the trainer caught an error, e.g. out of memory) -> FAIL, kind ``oom`` or ``failed``;
+- no result line: exit 2 -> FAIL ``config`` (the driver aborts the sweep: every trial would fail
+  alike); killed at the deadline -> FAIL ``deadline``; any other exit or signal -> FAIL ``crash``,
+  which the driver retries once with the same parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from sweep import storage as st
+
+log = logging.getLogger("sweep.worker")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Trial system attributes (hidden in the dashboard) written by the driver and the supervisor.
+ATTR_HEARTBEAT = "sweep:heartbeat"  # unix time, refreshed while someone is responsible for the trial
+ATTR_DRIVER = "sweep:driver"  # {"host", "pid", "pid_start", "run"} of the driver that asked it
+ATTR_STARTED = "sweep:started"  # unix time the supervisor started (the task left Ray's queue)
+
+RETRYABLE = frozenset({"crash", "lost"})
+
+
+@dataclass(frozen=True)
+class TrialTask:
+    """Everything a supervisor needs; plain values so Ray can ship it anywhere."""
+
+    study: str
+    storage_url: str
+    number: int
+    trial_id: int
+    params: dict[str, Any]
+    config: dict[str, Any]
+    budget_s: float
+    deadline_s: float
+    eval_fractions: tuple[float, ...]
+    ranks: int = 1
+    trainer: str = "model.train"
+    stop_grace_s: float = 30.0
+    heartbeat_s: float = 10.0
+    env: dict[str, str] = field(default_factory=dict)
+    pruner: tuple[str, dict[str, Any]] = ("none", {})
+    artifact_dir: str = ""
+
+    def eval_step(self, progress: float) -> int:
+        """The nominal eval point nearest to ``progress``, in whole charged seconds.
+
+        Pruners compare trials at identical steps, so the step must not depend on how far the
+        last training step overshot the eval point.
+        """
+        f = min(self.eval_fractions, key=lambda x: abs(x - progress))
+        return round(f * self.budget_s)
+
+    @property
+    def final_step(self) -> int:
+        return round(self.budget_s)
+
+
+@dataclass
+class Outcome:
+    """How a trial ended, as returned to the driver. ``told``: the supervisor stored it itself."""
+
+    number: int
+    state: str  # "COMPLETE" | "PRUNED" | "FAIL"
+    value: float | None = None
+    fail_kind: str | None = None
+    reason: str | None = None
+    slot_seconds: float = 0.0
+    told: bool = False
+    record: dict[str, Any] | None = None
+    last_step: int | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.state == "FAIL" and self.fail_kind in RETRYABLE
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: str | None = None) -> list[str]:
+    """The trainer's command line; torchrun when the spec asks for several ranks."""
+    python = python or sys.executable
+    args = ["--config", str(config_path), "--budget-s", f"{task.budget_s:g}", "--json", "--out-dir", str(out_dir)]
+    if task.ranks > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(task.ranks),
+                "-m", task.trainer, *args]
+    return [python, "-m", task.trainer, *args]
+
+
+def run_trial(task: TrialTask) -> Outcome:
+    """Supervise one trial end to end and record its outcome in the study. Never raises for trainer
+    trouble; raises only if the study itself cannot be reached."""
+    t0 = time.monotonic()
+    study, trial = _open_trial(task)
+    sup = Supervisor(task, reporter=_OptunaReporter(study, trial, task))
+    try:
+        outcome = sup.run()
+    finally:
+        sup.close()
+    outcome.slot_seconds = time.monotonic() - t0
+    outcome.told = _record(study, trial, task, outcome, sup)
+    return outcome
+
+
+def _open_trial(task: TrialTask) -> tuple[Any, Any]:
+    import optuna
+
+    from sweep.spec import Component, build_pruner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = st.open_storage(task.storage_url, role="worker")
+    pruner = build_pruner(Component(task.pruner[0], task.pruner[1]))
+    study = st.retry(lambda: optuna.load_study(study_name=task.study, storage=storage,
+                                               sampler=optuna.samplers.RandomSampler(), pruner=pruner),
+                     what="load study", url=task.storage_url)
+    trial = st.retry(lambda: optuna.trial.Trial(study, task.trial_id), what="load trial", url=task.storage_url)
+    now = time.time()
+    st.retry(lambda: study._storage.set_trial_system_attr(task.trial_id, ATTR_STARTED, now),
+             what="mark started", url=task.storage_url)
+    return study, trial
+
+
+class Reporter:
+    """What the supervisor tells the outside world while the trainer runs (Optuna in production)."""
+
+    def report(self, value: float, step: int) -> bool:
+        """Record an intermediate value; return True when the trial should be pruned."""
+        return False
+
+    def heartbeat(self) -> bool:
+        """Refresh liveness; return False when the trial has been finished by someone else."""
+        return True
+
+
+class _OptunaReporter(Reporter):
+    def __init__(self, study: Any, trial: Any, task: TrialTask) -> None:
+        self.study, self.trial, self.task = study, trial, task
+
+    def report(self, value: float, step: int) -> bool:
+        def call() -> bool:
+            if step not in self.trial._cached_frozen_trial.intermediate_values:
+                self.trial.report(value, step)
+            return bool(self.trial.should_prune())
+
+        return st.retry(call, what=f"report trial {self.task.number}", url=self.task.storage_url, attempts=4)
+
+    def heartbeat(self) -> bool:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            st.retry(lambda: self.study._storage.set_trial_system_attr(self.task.trial_id, ATTR_HEARTBEAT,
+                                                                      time.time()),
+                     what="heartbeat", url=self.task.storage_url, attempts=3)
+        except (UpdateFinishedTrialError, RuntimeError) as e:
+            if "finished" in str(e).lower():
+                return False
+            log.warning("heartbeat of trial %d failed: %s", self.task.number, st.scrub(str(e), self.task.storage_url))
+        except Exception as e:  # a database outage must not kill a healthy trial
+            log.warning("heartbeat of trial %d failed: %s", self.task.number, st.scrub(str(e), self.task.storage_url))
+        return True
+
+
+class Supervisor:
+    """Runs the trainer and turns its events and exit into an :class:`Outcome` (no storage writes
+    except through the reporter, so it can be tested without Optuna)."""
+
+    def __init__(self, task: TrialTask, reporter: Reporter | None = None, python: str | None = None) -> None:
+        self.task = task
+        self.reporter = reporter or Reporter()
+        self.python = python
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.record: dict[str, Any] | None = None
+        self.first_step_unix: float | None = None
+        self.launch_unix: float | None = None
+        self.last_step: int | None = None
+        self.last_value: float | None = None
+        self._pruned_at: float | None = None
+        self._deadline_hit = False
+        self._superseded = False
+        self._reaper_w: int | None = None
+        self._files: list[IO[Any]] = []
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        task = self.task
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        config_path = self.artifact_dir / "config.json"
+        config_path.write_text(json.dumps(task.config, indent=1, sort_keys=True) + "\n")
+        stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
+        events = open(self.artifact_dir / "events.jsonl", "a")  # noqa: SIM115
+        self._files += [stderr, events]
+        env = {**os.environ, **task.env, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        cmd = trainer_command(task, config_path, self.artifact_dir, self.python)
+        self.launch_unix = time.time()
+        launched = time.monotonic()
+        deadline = launched + task.deadline_s
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                     cwd=REPO_ROOT, env=env, start_new_session=True)
+        self._start_reaper(self.launch_unix + task.deadline_s + task.stop_grace_s + 30)
+        lines: queue.Queue[bytes | None] = queue.Queue()
+        threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
+        beat = threading.Thread(target=self._heartbeats, daemon=True)
+        beat.start()
+
+        kill_at: float | None = None  # SIGKILL time once a stop was requested
+        killed_at: float | None = None  # when the group got SIGKILL; stdout should close soon after
+        while True:
+            now = time.monotonic()
+            wait = deadline - now
+            if kill_at is not None:
+                wait = min(wait, kill_at - now)
+            try:
+                line = lines.get(timeout=max(0.0, min(wait, 1.0)))
+            except queue.Empty:
+                line = b""
+            if line is None:
+                break
+            if killed_at is not None and time.monotonic() > killed_at + 10:
+                break  # something outside the group holds stdout open; stop waiting for EOF
+            if line:
+                events.write(line.decode("utf-8", "replace"))
+                events.flush()
+                if self._handle(line) and kill_at is None:
+                    self._signal(signal.SIGTERM)
+                    self._pruned_at = time.monotonic()
+                    kill_at = self._pruned_at + task.stop_grace_s
+            now = time.monotonic()
+            if self._lost.is_set() and not self._superseded:
+                self._superseded = True
+                self._signal(signal.SIGKILL)
+                killed_at = killed_at or now
+            if now >= deadline and not self._deadline_hit:
+                self._deadline_hit = True
+                self._signal(signal.SIGKILL)
+                killed_at = killed_at or now
+            elif kill_at is not None and now >= kill_at:
+                self._signal(signal.SIGKILL)
+                kill_at = float("inf")
+                killed_at = killed_at or now
+        returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
+        return self._outcome(returncode)
+
+    def close(self) -> None:
+        """Always runs: no process of the group survives, the reaper stands down, files close."""
+        self._stop.set()
+        if self.proc is not None and self.proc.returncode is None:
+            self._signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        if self._reaper_w is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._reaper_w, b"done")
+            with contextlib.suppress(OSError):
+                os.close(self._reaper_w)
+            self._reaper_w = None
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                f.close()
+        self._files.clear()
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _handle(self, raw: bytes) -> bool:
+        """Handle one stdout line; True means the pruner asked to stop."""
+        try:
+            ev = json.loads(raw)
+        except ValueError:
+            return False
+        if not isinstance(ev, dict):
+            return False
+        kind = ev.get("event")
+        if kind == "step" and self.first_step_unix is None:
+            self.first_step_unix = time.time()
+        elif kind == "eval" and self._pruned_at is None:
+            value = _float(ev.get("val_bpb"))
+            progress = _float(ev.get("progress"))
+            if progress is None:
+                charged = _float(ev.get("charged_s")) or 0.0
+                progress = charged / self.task.budget_s
+            if value is None:
+                return False
+            step = self.task.eval_step(progress)
+            self.last_step, self.last_value = step, value
+            try:
+                return self.reporter.report(value, step)
+            except Exception as e:
+                log.warning("trial %d: report failed: %s", self.task.number,
+                            st.scrub(str(e), self.task.storage_url))
+                if "finished" in str(e).lower():
+                    self._lost.set()
+        elif kind == "result":
+            self.record = {k: v for k, v in ev.items() if k != "event"}
+        return False
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.task.heartbeat_s):
+            if not self.reporter.heartbeat():
+                self._lost.set()
+                return
+
+    # -- processes ------------------------------------------------------------------------------
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def _start_reaper(self, deadline_unix: float) -> None:
+        assert self.proc is not None
+        r, w = os.pipe()
+        try:
+            subprocess.Popen([sys.executable, "-m", "sweep.reaper", str(r), str(self.proc.pid), f"{deadline_unix:.3f}"],
+                             pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
+                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("trial %d: no reaper (%s); an orphaned trainer is possible if this worker dies",
+                        self.task.number, e)
+            os.close(w)
+            w = -1
+        finally:
+            os.close(r)
+        self._reaper_w = w if w >= 0 else None
+
+    def _wait_and_reap(self, timeout: float) -> int:
+        """Wait for the group leader to exit, kill what is left of its group, then reap it.
+
+        The leader is waited for without being reaped (WNOWAIT) so its pid, which is the group
+        id, cannot be reused by an unrelated group before the group kill.
+        """
+        assert self.proc is not None
+        pid = self.proc.pid
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            except ChildProcessError:
+                info = None
+                break
+            if info is not None:
+                break
+            if time.monotonic() >= end:
+                self._deadline_hit = self._deadline_hit or self._pruned_at is None
+                self._signal(signal.SIGKILL)
+                end = float("inf")
+            time.sleep(0.05)
+        self._signal(signal.SIGKILL)
+        return self.proc.wait()
+
+    # -- classification -------------------------------------------------------------------------
+
+    def _outcome(self, returncode: int) -> Outcome:
+        task, rec = self.task, self.record
+        out = Outcome(number=task.number, state="FAIL", record=rec, last_step=self.last_step)
+        status = (rec or {}).get("status")
+        tail = _tail(self.artifact_dir / "trainer.log")
+        if self._superseded:
+            out.fail_kind, out.reason = "lost", "trial was finished elsewhere (declared lost); trainer killed"
+        elif self._pruned_at is not None:
+            out.state = "PRUNED"
+            out.reason = f"pruned at {self.last_step} s (val_bpb {self.last_value:.4f})"
+            if rec is None:
+                out.reason += f"; trainer did not stop within {task.stop_grace_s:g} s and was killed"
+        elif status == "ok":
+            value = _float(rec.get("val_bpb")) if rec else None
+            if value is None or not math.isfinite(value):
+                out.fail_kind, out.reason = "failed", f"status ok without a finite val_bpb ({rec.get('val_bpb')!r})"
+            else:
+                out.state, out.value = "COMPLETE", value
+        elif status in ("diverged", "pruned"):
+            out.state = "PRUNED"
+            out.fail_kind = "diverged" if status == "diverged" else None
+            out.reason = f"{status}: {rec.get('reason') or 'no reason given'}"
+        elif status == "failed":
+            reason = str(rec.get("reason") or tail or "no reason given")
+            out.fail_kind = "oom" if "out of memory" in reason.lower() or "oom" in reason.lower().split() else "failed"
+            out.reason = f"trainer failed: {reason}"
+        elif status == "stopped":
+            out.fail_kind, out.reason = "lost", "trainer stopped by a signal the supervisor did not send"
+        elif self._deadline_hit:
+            out.fail_kind = "deadline"
+            out.reason = (f"hard deadline {task.deadline_s:g} s (budget + start-up allowance + eval timeout) "
+                          "exceeded; process group killed")
+        elif returncode == 2:
+            out.fail_kind, out.reason = "config", f"trainer rejected the config: {tail or 'exit 2'}"
+        elif returncode < 0:
+            name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+            out.fail_kind = "crash"
+            out.reason = f"trainer killed by {name}" + (" (the kernel OOM killer sends SIGKILL too)"
+                                                       if name == "SIGKILL" else "")
+            if tail:
+                out.reason += f"; last log line: {tail}"
+        else:
+            out.fail_kind = "crash"
+            out.reason = f"trainer exited with code {returncode} without a result" + (f": {tail}" if tail else "")
+        return out
+
+
+def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor) -> bool:
+    """Store the record and the outcome; False when someone else finished the trial first."""
+    import optuna
+    from optuna.trial import TrialState
+
+    attrs: dict[str, Any] = dict(out.record or {})
+    attrs["record_fields"] = sorted(out.record or {})
+    attrs["slot_seconds"] = round(out.slot_seconds, 3)
+    attrs["artifacts"] = str(sup.artifact_dir)
+    if sup.launch_unix is not None:
+        attrs["launch_unix"] = sup.launch_unix
+    if sup.first_step_unix is not None:
+        attrs["first_step_unix"] = sup.first_step_unix
+    if out.fail_kind:
+        attrs["fail_kind"] = out.fail_kind
+    if out.reason and out.state != "COMPLETE":
+        attrs["fail_reason"] = out.reason
+    with contextlib.suppress(OSError):
+        (sup.artifact_dir / "outcome.json").write_text(json.dumps({**out.as_dict(), "attrs": attrs}, default=str))
+    try:
+        current = st.retry(lambda: study._storage.get_trial(task.trial_id), url=task.storage_url)
+        if current.state.is_finished():
+            return False
+        for k, v in attrs.items():
+            st.retry(lambda k=k, v=v: study._storage.set_trial_user_attr(task.trial_id, k, v), url=task.storage_url)
+        if out.state == "COMPLETE" and task.final_step not in trial._cached_frozen_trial.intermediate_values:
+            st.retry(lambda: trial.report(out.value, task.final_step), url=task.storage_url)
+        state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[out.state]
+        values = out.value if out.state == "COMPLETE" else None
+        frozen = st.retry(lambda: study.tell(task.number, values, state=state, skip_if_finished=True),
+                          url=task.storage_url)
+        return frozen.state == state
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    except RuntimeError as e:
+        if "finished" in str(e).lower():
+            return False
+        raise
+
+
+def _pump(stream: IO[bytes] | None, q: queue.Queue[bytes | None]) -> None:
+    assert stream is not None
+    try:
+        for line in iter(stream.readline, b""):
+            q.put(line)
+    finally:
+        q.put(None)
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def _tail(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a log, for one-line failure reasons."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
+
+
+def host_identity() -> dict[str, Any]:
+    """Who this process is, precisely enough to tell later whether it is still alive."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start_time(os.getpid())}
+
+
+def process_start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), to tell a live pid from a reused one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_alive(identity: dict[str, Any]) -> bool | None:
+    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
+    if identity.get("host") != socket.gethostname():
+        return None
+    pid = identity.get("pid")
+    if not isinstance(pid, int):
+        return None
+    start = process_start_time(pid)
+    if start is None:
+        return False
+    return identity.get("pid_start") in (None, start)
