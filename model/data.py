@@ -20,9 +20,9 @@ world size: row 0, 1, 2, ... Step k of rank r of W, each with batch B, reads row
 So at any position, the batches of ranks 0..W-1 stacked in rank order are exactly the batch one rank
 reads with batch W*B; in particular two ranks with B read, without overlap, exactly the tokens one
 rank reads with 2B. A rank never sees part of another rank's row. Resuming: BatchLoader(...,
-position=loader.position) continues exactly where `loader` stood, for any W and B that divide the
-position the same way (the position is a row count, not a step count). Each epoch reshuffles the
-documents with numpy's generator seeded by (seed, epoch).
+position=loader.position) continues exactly where `loader` stood, with any batch size and world size
+(the position counts rows, not steps). Each epoch reshuffles the documents with numpy's generator
+seeded by (seed, epoch).
 """
 
 from __future__ import annotations

@@ -48,6 +48,9 @@ def digest(*parts: str | bytes, size: int = 16) -> str:
     return h.hexdigest()
 
 
+_MEMO: dict[tuple[str, int, int], str] = {}
+
+
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
     """A content fingerprint of a file that is the same on every machine holding the same bytes.
 
@@ -59,7 +62,11 @@ def file_fingerprint(path: str | os.PathLike[str]) -> str:
     """
     p = Path(path)
     try:
-        size = p.stat().st_size
+        st = p.stat()
+        memo_key = (str(p.resolve()), st.st_size, st.st_mtime_ns)  # a load hashes each file once
+        if memo_key in _MEMO:
+            return _MEMO[memo_key]
+        size = st.st_size
         h = hashlib.blake2b(digest_size=16)
         h.update(size.to_bytes(8, "little"))
         with open(p, "rb") as f:
@@ -72,7 +79,8 @@ def file_fingerprint(path: str | os.PathLike[str]) -> str:
                     h.update(f.read(SAMPLE_BYTES))
     except OSError as e:
         raise DataError(p, f"cannot read: {e.strerror or e}") from e
-    return h.hexdigest()
+    _MEMO[memo_key] = h.hexdigest()
+    return _MEMO[memo_key]
 
 
 def _remove(path: Path) -> None:

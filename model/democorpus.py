@@ -1,13 +1,14 @@
 """The offline demo corpus: English text that every Python installation ships, as parquet shards.
 
-Documents, about 3 MB in all with CPython 3.11:
-- every topic of the interactive help (pydoc_data.topics), one document each;
+Texts, about 3.3 MB in all with CPython 3.11:
+- every topic of the interactive help (pydoc_data.topics);
 - the docstrings of the standard library's modules, read from their source files with `ast` (nothing is
-  imported): one document for a module's own docstring, one per top-level function, and one per class
+  imported): a module's own docstring, each top-level function's with its signature, and each class's
   with its methods' signatures and docstrings;
-- the block comments of those files (runs of two or more comment lines), one document per file.
-Each document goes to one of SHARDS shards by a hash of its key (file, line, kind), so the split does not
-depend on traversal order or on numpy; within a shard documents are sorted by key. The same standard
+- the block comments of each of those files (runs of two or more comment lines).
+Each text is cut at paragraph breaks into documents of at most DOC_CHARS characters. Each document
+goes to one of SHARDS shards by a hash of its key (file, line, kind, part), so the split depends neither
+on traversal order nor on numpy; within a shard documents are sorted by key. The same standard
 library therefore gives the same texts on every machine; a distribution that splits the standard
 library into several packages (Debian's python3-tk, ...) may give a slightly different set. The last
 shard is the validation shard, as for any source.

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.data import BatchLoader, DataError, Dataset, Tokenizer, load_dataset, validation_batches
@@ -75,7 +75,7 @@ def assert_one_line_naming(err: pytest.ExceptionInfo, path: Path | str) -> None:
 # --- tokenizer -------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None)
 @given(text=st.text())
 def test_tokenizer_round_trips_any_unicode(tok, text):
     ids = tok.encode(text)
@@ -84,7 +84,7 @@ def test_tokenizer_round_trips_any_unicode(tok, text):
     assert tok.encode_batch([text, text[::-1]]) == [ids, tok.encode(text[::-1])]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None)
 @given(text=st.text())
 def test_token_bytes_sum_to_utf8_length(tok, text):
     lengths = tok.token_bytes()
