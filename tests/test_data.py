@@ -515,3 +515,13 @@ def test_concurrent_cold_cache(tmp_path, corpus):
 def test_data_error_pickles():
     err = pickle.loads(pickle.dumps(DataError("/x/y.parquet", "bad\nthing")))
     assert isinstance(err, DataError) and str(err) == "/x/y.parquet: bad thing"
+
+
+def test_cli_builds_and_describes(corpus, cache, capsys):
+    from model.data import main
+
+    assert main([str(corpus), "--vocab-size", str(VOCAB), "--cache-dir", str(cache)]) == 0
+    assert f'"vocab_size": {VOCAB}' in capsys.readouterr().out
+    assert main([str(corpus / "missing"), "--cache-dir", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing" in err
