@@ -65,6 +65,8 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon takes 2-D matrices only, got shape {tuple(p.shape)}")
+                # State exists from the start, so a compiled step sees the same structure every time.
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -73,10 +75,7 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                buf = state["momentum_buffer"]
+                buf = self.state[p]["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - mom)
                 g = p.grad.lerp(buf, mom) if self.nesterov else buf
                 update = orthogonalize(g, self.ortho_dtype)
@@ -96,6 +95,10 @@ class AdamW(torch.optim.Optimizer):
         self, params, lr: torch.Tensor, betas: tuple[float, float], eps: float, weight_decay: torch.Tensor
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p].update(step=torch.zeros((), device=p.device), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
 
     @torch.no_grad()
     def step(self) -> None:
@@ -105,10 +108,6 @@ class AdamW(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.lerp_(p.grad, 1 - b1)
@@ -197,6 +196,15 @@ class Optimizers:
         return mult
 
     def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def compile(self, backend: str = "inductor") -> None:
+        """Compile the parameter update; the scheduled scalars are tensors, so it compiles once."""
+        self._compiled_step = torch.compile(self._update, backend=backend)
+        self.step = self._compiled_step  # type: ignore[method-assign]
+
+    def _update(self) -> None:
         self.muon.step()
         self.adamw.step()
 

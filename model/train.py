@@ -169,7 +169,9 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         torch.set_num_threads(run.num_threads)
     torch.manual_seed(run.seed)
 
-    ds = load_dataset(run.data or None, cfg.model.vocab_size, cache_dir=run.cache_dir,
+    # A given tokenizer file fixes the vocabulary; otherwise one of vocab_size is trained.
+    vocab_size = None if run.tokenizer else cfg.model.vocab_size
+    ds = load_dataset(run.data or None, vocab_size, cache_dir=run.cache_dir,
                       tokenizer=run.tokenizer or None, val_shard=run.val_shard or None)
     cfg.model.vocab_size = ds.vocab_size
     max_loss = run.max_loss or 2.0 * math.log(ds.vocab_size)
@@ -179,7 +181,9 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     opt = Optimizers(model.param_groups(), cfg.model.model_dim, cfg.optim, rt.device)
     step_model = model
     if run.compile:
-        step_model = torch.compile(model, backend="neuron" if rt.kind == "neuron" else "inductor")
+        backend = "neuron" if rt.kind == "neuron" else "inductor"
+        step_model = torch.compile(model, backend=backend)
+        opt.compile(backend)
 
     B, T = run.batch_size, cfg.model.seq_len
     loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=rt.rank, world_size=rt.world_size, seed=run.seed)
@@ -283,6 +287,11 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             result["checkpoint"] = str(out_dir / "final.pt")
     if state.reason:
         result["reason"] = state.reason
+    if run.compile:
+        from torch._dynamo.utils import counters
+
+        result["graph_breaks"] = sum(counters["graph_break"].values())
+        result["compiled_graphs"] = counters["stats"]["unique_graphs"]
     result["peak_memory_bytes"] = rt.peak_memory_bytes()
     result["config"] = cfg.to_dict()
     return result

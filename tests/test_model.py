@@ -131,3 +131,35 @@ def test_config_round_trips_through_its_resolved_dict():
     resolved = cfg.to_dict()
     assert resolved["budget_s"] == 12.0 and resolved["model_dim"] == 96
     assert parse_config(resolved).to_dict() == resolved
+
+
+def test_compiled_steps_never_recompile_as_the_schedule_moves():
+    """Scheduled scalars are 0-dim tensors, so a moving lr leaves the compiled graphs as they were."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = []
+
+    def counting_backend(gm, example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    model = GPT(tiny())
+    opt = Optimizers(model.param_groups(), 64, OptimConfig(warmup_ratio=0.3, warmdown_ratio=0.5),
+                     torch.device("cpu"))
+    opt.compile(counting_backend)
+    step_model = torch.compile(model, backend=counting_backend)
+    x = torch.randint(0, 300, (4, 32))
+    lrs, graphs_after = [], []
+    for i in range(6):
+        opt.set_progress(i / 5)
+        lrs.append(float(opt.muon_lr))
+        step_model(x, x.roll(-1, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        graphs_after.append(len(compiled))
+    assert len(set(lrs)) == 6  # the learning rate really changed every step
+    assert graphs_after[0] == 2 and graphs_after[-1] == 2  # model and update, compiled once each
+    assert sum(counters["graph_break"].values()) == 0
