@@ -220,7 +220,7 @@ class Driver:
                 if not self.inflight and want <= 0:
                     break
                 self.wait_some()
-            self.progress(force=True)
+            self.progress(force=time.monotonic() - self._last_progress > 1.0)
             self.print_best()
             return 0
         except KeyboardInterrupt:
@@ -392,10 +392,11 @@ class Driver:
         return True
 
     def _retry_if_needed(self, number: int) -> None:
-        trials = self.study.get_trials(deepcopy=False)
-        self._enqueue_retries(trials, only={number})
+        self._enqueue_retries(only={number})
 
-    def _enqueue_retries(self, trials: list[Any], only: set[int] | None = None) -> None:
+    def _enqueue_retries(self, only: set[int] | None = None) -> None:
+        """Enqueue the missing retries, judged on a fresh read so no failure is retried twice."""
+        trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
         retried = {t.user_attrs.get("retry_of") for t in trials}
         for t in trials:
             if only is not None and t.number not in only:
@@ -403,20 +404,21 @@ class Driver:
             if needs_retry(t) and t.number not in retried:
                 st.retry(lambda t=t: self.study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number}),
                          url=self.url)
+                retried.add(t.number)
                 self.say(f"trial {t.number}: retry enqueued with the same parameters")
 
     # -- liveness -------------------------------------------------------------------------------
 
     def reconcile(self) -> None:
         """On start: fail RUNNING trials whose owner is gone, and enqueue retries that are missing."""
-        trials = self._scan(force=True)
-        self._enqueue_retries(trials)
-        n = len(trials)
-        if n:
+        trials = self.study.get_trials(deepcopy=False)
+        if trials:
             states: dict[str, int] = {}
             for t in trials:
                 states[t.state.name] = states.get(t.state.name, 0) + 1
-            self.say(f"resuming study {self.spec.name}: {n} trials so far ({_fmt_counts(states)})")
+            self.say(f"resuming study {self.spec.name}: {len(trials)} trials so far ({_fmt_counts(states)})")
+        self._scan(force=True)
+        self._enqueue_retries()
 
     def _scan(self, force: bool = False) -> list[Any]:
         """All trials; every heartbeat interval also checks liveness and prints new reports."""
@@ -437,8 +439,8 @@ class Driver:
             else:
                 changed |= self._check_foreign(t, wall)
         if changed:
+            self._enqueue_retries()
             trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
-            self._enqueue_retries(trials)
         return trials
 
     def _check_own(self, t: Any, ref: Any, slot: _InFlight, wall: float) -> bool:

@@ -129,15 +129,40 @@ def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
 def load(name_or_path: str | os.PathLike[str]) -> StudySpec:
     """Load and validate a spec by study name or path; raises :class:`SpecError`."""
     path = resolve_path(name_or_path)
+    return parse(_read(path, ()), path)
+
+
+def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """Decode a spec file, merged over the spec it ``extends`` (tables merge, values replace)."""
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise SpecError(f"{path}: no such study spec") from None
+        where = f"{chain[-1]}: extends" if chain else str(path)
+        raise SpecError(f"{where}: no such study spec {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: invalid TOML: {e}") from None
     except OSError as e:
         raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    return parse(data, path)
+    base_name = data.pop("extends", None)
+    if base_name is None:
+        return data
+    if not isinstance(base_name, str):
+        raise SpecError(f"{path}: extends: must be a study name or a path")
+    base_path = resolve_path(base_name)
+    if not base_path.is_absolute() and (os.sep in base_name or base_name.endswith(".toml")):
+        base_path = path.parent / base_name
+    elif base_path.parent == STUDIES_DIR:
+        base_path = path.parent / base_path.name
+    if base_path.resolve() in {p.resolve() for p in (*chain, path)}:
+        raise SpecError(f"{path}: extends: cycle through {base_path}")
+    return _merge(_read(base_path, (*chain, path)), data)
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
 
 
 def parse(data: Mapping[str, Any], path: Path) -> StudySpec:

@@ -137,10 +137,17 @@ def open_storage(url: str, role: str = "driver") -> Any:
         raise StorageError(f"storage {redact(url)}: {scrub(_first_line(e), url)}") from None
 
 
+# Connection errors that no amount of waiting fixes: bad input, reported at once.
+_PERMANENT = ("does not exist", "authentication failed", "no password supplied", "permission denied",
+              "could not translate host name", "invalid dsn", "invalid connection option")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Connection-level database trouble worth retrying (a restart, a dropped connection)."""
     import sqlalchemy.exc as sa_exc
 
+    if any(p in str(exc).lower() for p in _PERMANENT):
+        return False
     seen = 0
     e: BaseException | None = exc
     while e is not None and seen < 8:
