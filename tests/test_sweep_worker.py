@@ -1,0 +1,179 @@
+"""The trial supervisor on the real trainer: outcomes, pruning, deadlines, kills, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweep import storage as st
+from sweep.worker import ATTR_STARTED, Reporter, Supervisor, TrialTask, run_trial
+from tests.sweep_fixtures import ROOT, processes_with, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def config(tiny_config) -> dict:
+    return {**tiny_config, "depth": 1, "model_dim": 32, "seq_len": 32, "batch_size": 4, "eval_tokens": 512,
+            "final_eval_tokens": 2048, "eval_fractions": [0.25, 0.5, 0.75], "startup_allowance_s": 20}
+
+
+def make_task(tmp_path: Path, config: dict, budget_s: float = 3, deadline_s: float = 60, **kw) -> TrialTask:
+    return TrialTask(study=kw.pop("study", "w"), storage_url=kw.pop("storage_url", ""), number=kw.pop("number", 0),
+                     trial_id=kw.pop("trial_id", 0), params={}, config=config, budget_s=budget_s,
+                     deadline_s=deadline_s, eval_fractions=tuple(config["eval_fractions"]), stop_grace_s=5,
+                     heartbeat_s=kw.pop("heartbeat_s", 1), artifact_dir=str(tmp_path / "art"), **kw)
+
+
+class Recorder(Reporter):
+    def __init__(self, prune_at: int | None = None) -> None:
+        self.reports: list[tuple[int, float]] = []
+        self.prune_at = prune_at
+
+    def report(self, value: float, step: int) -> bool:
+        self.reports.append((step, value))
+        return self.prune_at is not None and len(self.reports) >= self.prune_at
+
+
+def supervise(task: TrialTask, reporter: Reporter | None = None):
+    sup = Supervisor(task, reporter)
+    try:
+        return sup.run()
+    finally:
+        sup.close()
+
+
+def assert_no_trainer_left(tmp_path: Path) -> None:
+    wait_for(lambda: not processes_with(str(tmp_path / "art")), 10, what="the trainer group to be gone")
+
+
+@pytest.fixture
+def journal_study(tmp_path):
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    study = optuna.create_study(study_name="w", storage=st.open_storage(url),
+                                pruner=optuna.pruners.NopPruner())
+    return url, study
+
+
+def test_complete_trial_is_recorded_with_its_result_record(tmp_path, config, journal_study):
+    url, study = journal_study
+    trial = study.ask()
+    task = make_task(tmp_path, config, storage_url=url, number=trial.number, trial_id=trial._trial_id)
+    outcome = run_trial(task)
+    assert outcome.state == "COMPLETE" and outcome.told, outcome
+    t = study.get_trials()[0]
+    assert t.state.name == "COMPLETE" and t.value == pytest.approx(outcome.value)
+    assert sorted(t.intermediate_values) == [1, 2, 3]  # eval points 0.75, 1.5, 2.25 s -> whole seconds
+    assert t.user_attrs["val_bpb"] == t.value and t.user_attrs["status"] == "ok"
+    record = {k: t.user_attrs[k] for k in t.user_attrs["record_fields"]}
+    for key in ("train_seconds", "startup_seconds", "eval_seconds", "steps", "params", "config"):
+        assert key in record
+    assert t.user_attrs["slot_seconds"] >= record["train_seconds"]
+    assert ATTR_STARTED in t.system_attrs
+    art = tmp_path / "art"
+    assert (art / "final.pt").exists() and (art / "trainer.log").stat().st_size > 0
+    assert json.loads((art / "config.json").read_text())["model_dim"] == 32
+    assert any(json.loads(line)["event"] == "result" for line in (art / "events.jsonl").read_text().splitlines())
+
+
+def test_pruned_trial_stops_early(tmp_path, config):
+    rec = Recorder(prune_at=1)
+    t0 = time.monotonic()
+    outcome = supervise(make_task(tmp_path, config, budget_s=8), rec)
+    assert outcome.state == "PRUNED" and outcome.record["status"] == "stopped"
+    assert outcome.record["train_seconds"] < 4 and time.monotonic() - t0 < 15
+    assert rec.reports[0][0] == 2  # 0.25 of 8 s
+    assert_no_trainer_left(tmp_path)
+
+
+def test_hanging_trainer_is_killed_at_the_deadline(tmp_path, config, journal_study):
+    url, study = journal_study
+    trial = study.ask()
+    task = make_task(tmp_path, {**config, "fault": "hang", "fault_step": 5}, budget_s=3, deadline_s=8,
+                     storage_url=url, number=trial.number, trial_id=trial._trial_id)
+    t0 = time.monotonic()
+    outcome = run_trial(task)
+    assert 8 <= time.monotonic() - t0 < 20
+    assert outcome.state == "FAIL" and outcome.fail_kind == "deadline" and not outcome.retryable
+    t = study.get_trials()[0]
+    assert t.state.name == "FAIL" and "deadline" in t.user_attrs["fail_reason"]
+    assert_no_trainer_left(tmp_path)
+
+
+def test_sigkilled_trainer_is_a_retryable_crash(tmp_path, config):
+    task = make_task(tmp_path, config, budget_s=20)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=supervise(task)))
+    thread.start()
+    marker = str(tmp_path / "art")
+    events = tmp_path / "art" / "events.jsonl"
+    wait_for(lambda: events.exists() and '"step"' in events.read_text(), 30, what="the first step")
+    for pid in processes_with(marker):
+        if "model.train" in Path(f"/proc/{pid}/cmdline").read_text():
+            os.kill(pid, signal.SIGKILL)
+    thread.join(30)
+    out = result["out"]
+    assert out.state == "FAIL" and out.fail_kind == "crash" and out.retryable and "SIGKILL" in out.reason
+    assert_no_trainer_left(tmp_path)
+
+
+@pytest.mark.parametrize("fault,state,kind", [("crash", "FAIL", "crash"), ("diverge", "PRUNED", "diverged")])
+def test_injected_faults(tmp_path, config, fault, state, kind):
+    out = supervise(make_task(tmp_path, {**config, "fault": fault, "fault_step": 3}))
+    assert (out.state, out.fail_kind) == (state, kind), out.reason
+    assert out.reason
+
+
+def test_rejected_config(tmp_path, config):
+    out = supervise(make_task(tmp_path, {**config, "no_such_key": 1}))
+    assert out.state == "FAIL" and out.fail_kind == "config" and "no_such_key" in out.reason
+
+
+def test_trial_finished_elsewhere_stops_the_trainer(tmp_path, config, journal_study):
+    url, study = journal_study
+    trial = study.ask()
+    task = make_task(tmp_path, config, budget_s=30, storage_url=url, number=trial.number,
+                     trial_id=trial._trial_id, heartbeat_s=0.5)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=run_trial(task)))
+    thread.start()
+    events = tmp_path / "art" / "events.jsonl"
+    wait_for(lambda: events.exists() and '"step"' in events.read_text(), 30, what="the first step")
+    study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # e.g. another driver declared it lost
+    thread.join(30)
+    assert result["out"].fail_kind == "lost" and not result["out"].told
+    assert_no_trainer_left(tmp_path)
+
+
+def test_reaper_kills_the_group_when_the_supervisor_dies(tmp_path, config):
+    script = tmp_path / "sup.py"
+    task = make_task(tmp_path, config, budget_s=60, deadline_s=120)
+    script.write_text(textwrap.dedent(f"""
+        import json
+        from sweep.worker import Supervisor, TrialTask
+        d = json.loads({json.dumps(json.dumps(task.__dict__, default=list))})
+        d["eval_fractions"] = tuple(d["eval_fractions"]); d["pruner"] = tuple(d["pruner"])
+        Supervisor(TrialTask(**d)).run()
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        events = tmp_path / "art" / "events.jsonl"
+        wait_for(lambda: events.exists() and '"step"' in events.read_text(), 30, what="the first step")
+        assert processes_with(str(tmp_path / "art"))
+        reapers = processes_with("sweep.reaper")
+        proc.kill()
+        proc.wait()
+        assert_no_trainer_left(tmp_path)
+        wait_for(lambda: not set(reapers) & set(processes_with("sweep.reaper")), 10, what="the reaper to exit")
+    finally:
+        proc.kill()
