@@ -148,20 +148,25 @@ def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         return data
     if not isinstance(base_name, str):
         raise SpecError(f"{path}: extends: must be a study name or a path")
-    base_path = resolve_path(base_name)
-    if not base_path.is_absolute() and (os.sep in base_name or base_name.endswith(".toml")):
-        base_path = path.parent / base_name
-    elif base_path.parent == STUDIES_DIR:
-        base_path = path.parent / base_path.name
+    # A bare name is a sibling spec; a relative path is relative to the extending file.
+    if os.sep in base_name or base_name.endswith(".toml"):
+        base_path = Path(base_name) if Path(base_name).is_absolute() else path.parent / base_name
+    else:
+        base_path = path.parent / f"{base_name}.toml"
     if base_path.resolve() in {p.resolve() for p in (*chain, path)}:
         raise SpecError(f"{path}: extends: cycle through {base_path}")
     return _merge(_read(base_path, (*chain, path)), data)
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge; a table naming a different ``name`` (another sampler or pruner) replaces its base."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+        old = out.get(k)
+        if isinstance(v, Mapping) and isinstance(old, Mapping) and v.get("name", old.get("name")) == old.get("name"):
+            out[k] = _merge(dict(old), v)
+        else:
+            out[k] = v
     return out
 
 

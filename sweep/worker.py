@@ -124,12 +124,12 @@ def run_trial(task: TrialTask) -> Outcome:
     t0 = time.monotonic()
     study, trial = _open_trial(task)
     sup = Supervisor(task, reporter=_OptunaReporter(study, trial, task))
+    sup.marks["opened"] = time.monotonic() - t0
     try:
         outcome = sup.run()
     finally:
         sup.close()
-    outcome.slot_seconds = time.monotonic() - t0
-    outcome.told = _record(study, trial, task, outcome, sup)
+    outcome.told = _record(study, trial, task, outcome, sup, t0)
     return outcome
 
 
@@ -212,6 +212,7 @@ class Supervisor:
         self._files: list[IO[Any]] = []
         self._stop = threading.Event()
         self._lost = threading.Event()
+        self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -232,7 +233,9 @@ class Supervisor:
         deadline = launched + task.deadline_s
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
                                      cwd=REPO_ROOT, env=env, start_new_session=True)
+        self.marks["launched"] = time.monotonic()
         self._start_reaper(self.launch_unix + task.deadline_s + task.stop_grace_s + 30)
+        self.marks["reaper"] = time.monotonic()
         lines: queue.Queue[bytes | None] = queue.Queue()
         threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
         beat = threading.Thread(target=self._heartbeats, daemon=True)
@@ -273,7 +276,9 @@ class Supervisor:
                 self._signal(signal.SIGKILL)
                 kill_at = float("inf")
                 killed_at = killed_at or now
+        self.marks["eof"] = time.monotonic()
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
+        self.marks["reaped"] = time.monotonic()
         return self._outcome(returncode)
 
     def close(self) -> None:
@@ -325,6 +330,7 @@ class Supervisor:
                 if "finished" in str(e).lower():
                     self._lost.set()
         elif kind == "result":
+            self.marks["result"] = time.monotonic()
             self.record = {k: v for k, v in ev.items() if k != "event"}
         return False
 
@@ -433,15 +439,19 @@ class Supervisor:
         return out
 
 
-def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor) -> bool:
-    """Store the record and the outcome; False when someone else finished the trial first."""
+def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor, t0: float) -> bool:
+    """Store the record and the outcome; False when someone else finished the trial first.
+
+    ``slot_seconds`` (task start to just before ``tell``) is measured after every other write, so it
+    covers all the supervisor's own work.
+    """
     import optuna
     from optuna.trial import TrialState
 
     attrs: dict[str, Any] = dict(out.record or {})
     attrs["record_fields"] = sorted(out.record or {})
-    attrs["slot_seconds"] = round(out.slot_seconds, 3)
     attrs["artifacts"] = str(sup.artifact_dir)
+    attrs["supervisor_seconds"] = _phases(sup.marks, t0)
     if sup.launch_unix is not None:
         attrs["launch_unix"] = sup.launch_unix
     if sup.first_step_unix is not None:
@@ -455,11 +465,15 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
     try:
         current = st.retry(lambda: study._storage.get_trial(task.trial_id), url=task.storage_url)
         if current.state.is_finished():
+            out.slot_seconds = time.monotonic() - t0
             return False
         for k, v in attrs.items():
             st.retry(lambda k=k, v=v: study._storage.set_trial_user_attr(task.trial_id, k, v), url=task.storage_url)
         if out.state == "COMPLETE" and task.final_step not in trial._cached_frozen_trial.intermediate_values:
             st.retry(lambda: trial.report(out.value, task.final_step), url=task.storage_url)
+        out.slot_seconds = time.monotonic() - t0
+        st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, "slot_seconds", round(out.slot_seconds, 3)),
+                 url=task.storage_url)
         state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[out.state]
         values = out.value if out.state == "COMPLETE" else None
         frozen = st.retry(lambda: study.tell(task.number, values, state=state, skip_if_finished=True),
@@ -471,6 +485,21 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
         if "finished" in str(e).lower():
             return False
         raise
+
+
+def _phases(marks: dict[str, float], t0: float) -> dict[str, float]:
+    """Where the supervisor's own time went: study open, launch, reaper start, exit after the result."""
+    m = {k: v for k, v in marks.items() if k != "opened"}
+    out = {"open": round(marks.get("opened", 0.0), 3)}
+    if "launched" in m and "opened" in marks:
+        out["launch"] = round(m["launched"] - t0 - marks["opened"], 3)
+    if "reaper" in m and "launched" in m:
+        out["reaper"] = round(m["reaper"] - m["launched"], 3)
+    if "result" in m and "reaped" in m:
+        out["exit_after_result"] = round(m["reaped"] - m["result"], 3)
+    if "reaped" in m:
+        out["record"] = round(time.monotonic() - m["reaped"], 3)
+    return out
 
 
 def _pump(stream: IO[bytes] | None, q: queue.Queue[bytes | None]) -> None:
