@@ -13,6 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels import IMPLS as KERNEL_IMPLS
+from kernels import Ops, get_ops
+
 
 @dataclass
 class GPTConfig:
@@ -30,6 +33,7 @@ class GPTConfig:
     value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
     residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
     head_init_std: float = 0.001
+    kernels: str = "auto"  # fused ops: reference (PyTorch), nki (Trainium), auto (nki where it can run)
 
     def __post_init__(self) -> None:
         if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:
@@ -58,6 +62,8 @@ class GPTConfig:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_kv_head {self.n_kv_head} does not divide the {self.n_head} query heads")
+        if self.kernels not in KERNEL_IMPLS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_IMPLS)}, got {self.kernels!r}")
         if self.mlp_ratio <= 0 or self.rope_base <= 0 or self.softcap < 0 or self.head_init_std < 0:
             raise ValueError("mlp_ratio and rope_base must be positive, softcap and head_init_std >= 0")
 
@@ -67,10 +73,6 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def rms_norm(x: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, (x.size(-1),))
 
 
 def rotary_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,9 +89,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, config: GPTConfig, layer: int) -> None:
+    def __init__(self, config: GPTConfig, layer: int, ops: Ops) -> None:
         super().__init__()
         self.config = config
+        self.ops = ops
         d, hd = config.model_dim, config.head_dim
         self.c_q = nn.Linear(d, config.n_head * hd, bias=False)
         self.c_k = nn.Linear(d, config.n_kv_head * hd, bias=False)
@@ -111,7 +114,7 @@ class Attention(nn.Module):
             v = v + self.value_gate.view(1, 1, -1, 1) * value_embed.view(B, T, cfg.n_kv_head, cfg.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cfg.qk_norm:
-            q, k = rms_norm(q), rms_norm(k)
+            q, k = self.ops.rms_norm(q), self.ops.rms_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cfg.n_kv_head != cfg.n_head:
             # Explicit repeat rather than SDPA's enable_gqa: every backend, Neuron's included, lowers it.
@@ -122,34 +125,37 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, ops: Ops) -> None:
         super().__init__()
+        self.ops = ops
         self.c_fc = nn.Linear(config.model_dim, config.mlp_dim, bias=False)
         self.c_proj = nn.Linear(config.mlp_dim, config.model_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+        return self.ops.relu2_mlp(x, self.c_fc.weight, self.c_proj.weight)
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, layer: int) -> None:
+    def __init__(self, config: GPTConfig, layer: int, ops: Ops) -> None:
         super().__init__()
-        self.attn = Attention(config, layer)
-        self.mlp = MLP(config)
+        self.ops = ops
+        self.attn = Attention(config, layer, ops)
+        self.mlp = MLP(config, ops)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None
     ) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos, sin, value_embed)
-        return x + self.mlp(rms_norm(x))
+        x = x + self.attn(self.ops.rms_norm(x), cos, sin, value_embed)
+        return x + self.mlp(self.ops.rms_norm(x))
 
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
+        self.ops = get_ops(config.kernels)
         self.wte = nn.Embedding(config.vocab_size, config.model_dim)
-        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.depth))
+        self.blocks = nn.ModuleList(Block(config, i, self.ops) for i in range(config.depth))
         self.lm_head = nn.Linear(config.model_dim, config.vocab_size, bias=False)
         kv_dim = config.n_kv_head * config.head_dim
         self.value_embeds = nn.ModuleDict(
@@ -188,20 +194,21 @@ class GPT(nn.Module):
         """Logits (B, T, V) without targets; else the cross-entropy, ignoring targets equal to -1."""
         T = idx.size(1)
         cos, sin = self.cos[:, :T], self.sin[:, :T]
-        x = x0 = rms_norm(self.wte(idx))
+        x = x0 = self.ops.rms_norm(self.wte(idx))
         for i, block in enumerate(self.blocks):
             if self.config.residual_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
             x = block(x, cos, sin, ve)
-        logits = self.lm_head(rms_norm(x)).float()
+        logits = self.lm_head(self.ops.rms_norm(x))
+        if targets is not None:
+            return self.ops.softcap_cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.reshape(-1), self.config.softcap, reduction
+            )
+        logits = logits.float()
         if self.config.softcap > 0:
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
-        if targets is None:
-            return logits
-        return F.cross_entropy(
-            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
-        )
+        return logits
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Split parameters by optimiser role: Muon takes the block matrices, AdamW the rest."""
