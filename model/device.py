@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+TRN2_CHIP_BF16_FLOPS = 667e12  # dense BF16 per Trainium2 chip (AWS, see COMPETITION.md)
+CUDA_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense BF16, NVIDIA datasheets
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -37,6 +40,22 @@ class Runtime:
         if self.autocast_dtype is None:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def peak_flops(self) -> float | None:
+        """Dense bf16 peak of the accelerators this run holds, for model-FLOPs utilisation; None on the CPU.
+
+        A trn2 run holds whole chips: ranks x logical cores per rank (NEURON_LOGICAL_NC_CONFIG, default 2)
+        out of 8 physical cores per chip, rounded up.
+        """
+        if self.kind == "neuron":
+            lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", 2))
+            chips = -(-self.world_size * lnc // 8)
+            return TRN2_CHIP_BF16_FLOPS * chips
+        if self.kind == "cuda":
+            name = torch.cuda.get_device_name(self.device)
+            peak = next((v for k, v in CUDA_BF16_FLOPS.items() if k in name), None)
+            return peak * self.world_size if peak else None
+        return None
 
     def peak_memory_bytes(self) -> int:
         if self.kind == "cuda":

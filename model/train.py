@@ -285,6 +285,10 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         if out_dir is not None and run.save_checkpoint and rt.is_master:
             save_checkpoint(model, out_dir / "final.pt")
             result["checkpoint"] = str(out_dir / "final.pt")
+    model_flops = model.flops_per_token() * result["tokens_per_second"]
+    peak = rt.peak_flops()
+    result["model_flops_per_second"] = model_flops
+    result["mfu"] = model_flops / peak if peak else None
     if state.reason:
         result["reason"] = state.reason
     if run.compile:

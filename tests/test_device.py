@@ -1,0 +1,46 @@
+"""The device picker and accelerator peaks, with a stand-in torch.neuron (no Neuron SDK here)."""
+
+import types
+
+import pytest
+import torch
+
+from model import device as devices
+
+
+@pytest.fixture
+def fake_neuron(monkeypatch):
+    state = {"available": True}
+    monkeypatch.setattr(torch, "neuron", types.SimpleNamespace(is_available=lambda: state["available"]),
+                        raising=False)
+    return state
+
+
+def test_auto_picks_neuron_when_the_backend_says_it_is_available(fake_neuron):
+    assert devices.neuron_available()
+    assert devices.pick_kind("auto") == "neuron"
+    assert devices.BACKENDS["neuron"] == "neuron" and devices.AUTOCAST["neuron"] is torch.bfloat16
+
+
+def test_auto_falls_back_when_neuron_is_not_available(fake_neuron):
+    fake_neuron["available"] = False
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert devices.pick_kind("auto") == expected
+
+
+def test_cpu_runtime_has_gloo_float32_and_no_peak():
+    rt = devices.setup("cpu")
+    assert (rt.kind, rt.backend, rt.autocast_dtype, rt.world_size) == ("cpu", "gloo", None, 1)
+    assert rt.peak_flops() is None and rt.peak_memory_bytes() > 0
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="device must be"):
+        devices.pick_kind("tpu")
+
+
+@pytest.mark.parametrize("world_size, lnc, chips", [(1, "2", 1), (4, "2", 1), (8, "1", 1), (8, "2", 2)])
+def test_neuron_peak_counts_the_chips_a_run_holds(monkeypatch, world_size, lnc, chips):
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    rt = devices.Runtime(torch.device("cpu"), "neuron", "neuron", torch.bfloat16, world_size=world_size)
+    assert rt.peak_flops() == pytest.approx(667e12 * chips)
