@@ -92,6 +92,20 @@ def test_study_completes_on_postgres_with_two_concurrent_trials(ray_local, pg_ur
     assert "COMPLETE 4" in capsys.readouterr().out
 
 
+def test_ad_hoc_trial_is_recorded_but_not_counted(ray_local, env_for, tmp_path, data_cache, capsys):
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    env_for(url)
+    path = write_spec(tmp_path, "adhoc", tiny_spec(data_cache))
+    assert cli.main(["trial", "--study", str(path), "--params", '{"depth": 1, "model_dim": 48}']) == 2
+    assert "matrix_lr" in capsys.readouterr().err
+    params = {"depth": 1, "model_dim": 48, "matrix_lr": 0.02}
+    assert cli.main(["trial", "--study", str(path), "--params", json.dumps(params)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last)["state"] == "COMPLETE"
+    (t,) = load_trials(url, "adhoc")
+    assert t.params == params and t.user_attrs["adhoc"] is True and not counts(t)
+
+
 def test_pruner_stops_a_bad_config_early(ray_local, env_for, tmp_path, data_cache):
     url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
     env_for(url)

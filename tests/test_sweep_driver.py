@@ -1,0 +1,115 @@
+"""Driver bookkeeping without Ray: what counts, lost-trial detection, retries, constraint rejections."""
+
+from __future__ import annotations
+
+import io
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweep import driver as drv
+from sweep import storage as st
+from sweep.driver import Driver, counts, needs_retry
+from sweep.spec import load
+from sweep.worker import ATTR_DRIVER, ATTR_HEARTBEAT, host_identity
+from tests.sweep_fixtures import tiny_spec, write_spec
+
+
+def _t(state, **attrs):
+    value = 1.0 if state == TrialState.COMPLETE else None
+    return create_trial(state=state, value=value, params={"d": 1}, distributions={"d": IntDistribution(1, 2)},
+                        user_attrs=attrs)
+
+
+def test_what_counts_towards_n_trials():
+    C, P, F = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
+    assert counts(_t(C)) and counts(_t(P)) and counts(_t(P, fail_kind="diverged"))
+    assert counts(_t(F, fail_kind="deadline")) and counts(_t(F, fail_kind="oom"))
+    assert not counts(_t(F, fail_kind="constraint"))
+    assert not counts(_t(F, fail_kind="crash")) and needs_retry(_t(F, fail_kind="crash"))
+    assert counts(_t(F, fail_kind="lost", retry_of=3)) and not needs_retry(_t(F, fail_kind="lost", retry_of=3))
+    assert not counts(_t(C, adhoc=True))
+    assert not counts(_t(TrialState.RUNNING)) and not counts(_t(TrialState.WAITING))
+
+
+@pytest.fixture
+def driver(tmp_path, monkeypatch):
+    def make(**sections) -> Driver:
+        monkeypatch.setenv(st.ENV_STORAGE, f"journal:{tmp_path / 'j.log'}")
+        monkeypatch.setenv("SWEEP_ARTIFACTS", str(tmp_path / "art"))
+        d = Driver(load(write_spec(tmp_path, "drv", tiny_spec(**sections))), out=io.StringIO())
+        d.open_study()
+        return d
+
+    return make
+
+
+def _running(study, owner: dict, heartbeat: float, depth: int) -> int:
+    frozen = create_trial(state=TrialState.RUNNING, params={"depth": depth},
+                          distributions={"depth": IntDistribution(1, 2)},
+                          system_attrs={ATTR_DRIVER: owner, ATTR_HEARTBEAT: heartbeat})
+    return study._storage.create_new_trial(study._study_id, template_trial=frozen)
+
+
+def test_reconcile_fails_lost_trials_once_and_leaves_live_ones(driver):
+    d = driver()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here_dead = {**host_identity(), "pid": dead.pid, "run": "old"}
+    elsewhere = {"host": socket.gethostname() + "-other", "pid": 1, "pid_start": 1, "run": "other"}
+    now = time.time()
+    _running(d.study, here_dead, now, 1)  # its driver is gone: lost at once
+    _running(d.study, elsewhere, now - 3600, 2)  # nobody has vouched for it in an hour: lost
+    _running(d.study, elsewhere, now, 1)  # another driver's live trial: untouched
+    d.reconcile()
+    d.reconcile()
+    trials = d.study.get_trials()
+    assert [t.state.name for t in trials[:3]] == ["FAIL", "FAIL", "RUNNING"]
+    assert "driver" in trials[0].user_attrs["fail_reason"] and "heartbeat" in trials[1].user_attrs["fail_reason"]
+    retries = [t for t in trials if "retry_of" in t.user_attrs]
+    assert sorted(t.user_attrs["retry_of"] for t in retries) == [0, 1]
+    assert all(t.state.name == "WAITING" for t in retries)
+
+
+def test_constraint_rejections_fail_without_counting_and_cannot_stall(driver, monkeypatch):
+    monkeypatch.setattr(drv, "MAX_CONSTRAINT_REJECTS", 5)
+    d = driver(constraints={"rare": "matrix_lr < 0.0101"})
+    submitted = []
+    monkeypatch.setattr(d, "submit", lambda number, trial_id, params, attrs: submitted.append(params))
+    for _ in range(30):
+        if d.launch_next():
+            break
+    assert submitted and submitted[0]["matrix_lr"] < 0.0101
+    trials = d.study.get_trials()
+    rejected = [t for t in trials if t.user_attrs.get("fail_kind") == "constraint"]
+    assert rejected and all(t.state.name == "FAIL" and "rare" in t.user_attrs["fail_reason"] for t in rejected)
+    assert not any(counts(t) for t in rejected)
+
+
+def test_resumed_driver_reseeds_its_sampler(driver):
+    d = driver()
+    first = d.study.ask()
+    d.spec.space.suggest(first)
+    d.study.tell(first, 1.0)
+    again = driver()
+    second = again.study.ask()
+    assert again.spec.space.suggest(second) != first.params
+
+
+def test_interrupt_fails_in_flight_trials_as_lost(driver, monkeypatch):
+    import ray
+
+    d = driver()
+    trial = d.study.ask()
+    d.inflight["ref"] = drv._InFlight(trial.number, trial._trial_id, {}, time.monotonic())
+    cancelled = []
+    monkeypatch.setattr(ray, "cancel", lambda ref, force=False: cancelled.append((ref, force)))
+    d.abandon("driver interrupted (SIGTERM)")
+    t = d.study.get_trials()[0]
+    assert t.state.name == "FAIL" and t.user_attrs["fail_kind"] == "lost" and needs_retry(t)
+    assert cancelled == [("ref", True)] and not d.inflight
