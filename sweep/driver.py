@@ -326,20 +326,17 @@ class Driver:
 
         try:
             result = ray.get(ref)
-        except ray.exceptions.TaskCancelledError:
-            result = None
-            kind, reason = "lost", slot.cancelled or "Ray task cancelled"
-        except ray.exceptions.OutOfMemoryError as e:
-            result = None
-            kind, reason = "oom", f"Ray's memory monitor killed the worker: {_one_line(e)}"
         except ray.exceptions.RayError as e:
-            result = None
-            kind, reason = "lost", f"worker died: {_one_line(e)}"
-        if slot.cancelled and slot.cancelled.startswith("hard deadline"):
-            kind, reason = "deadline", slot.cancelled
-        if result is None:
-            if slot.cancelled and slot.cancelled.startswith("heartbeat"):
-                reason = slot.cancelled
+            # The supervisor never returned: cancelled by us (deadline, lost heartbeat), killed by
+            # Ray's memory monitor, or its worker or node died.
+            if slot.cancelled and slot.cancelled.startswith("hard deadline"):
+                kind, reason = "deadline", slot.cancelled
+            elif slot.cancelled:
+                kind, reason = "lost", slot.cancelled
+            elif isinstance(e, ray.exceptions.OutOfMemoryError):
+                kind, reason = "oom", f"Ray's memory monitor killed the worker: {_one_line(e)}"
+            else:
+                kind, reason = "lost", f"worker died: {_one_line(e)}"
             self.fail(slot.number, slot.trial_id, kind, reason)
             self._retry_if_needed(slot.number)
             return

@@ -1,14 +1,18 @@
-"""Kill a trial's process group if its supervisor dies: ``python -m sweep.reaper FD PGID DEADLINE``.
+"""Killing every process of a trial, and a watchdog that does it if the supervisor dies.
 
-The supervisor (a Ray worker) can be SIGKILLed, OOM-killed or torn down with its driver, and then
-its ``finally`` never runs. Trainers live in their own session so that one signal reaches every
-rank; nothing else would ever stop them, and an orphaned Neuron process keeps its cores.
+Trainers run in their own session so one signal reaches the whole group, but torchrun starts each
+rank in a session of its own, and a rank whose torchrun died is re-parented away from the tree. So
+every process of a trial also carries ``SWEEP_TRIAL_TOKEN=<uuid>`` in its environment, which every
+descendant inherits whatever its session or parent; :func:`kill_trial` signals the group and then
+every process whose initial environment holds the token.
 
-The reaper detaches (double fork, so Ray's cleanup of a dead worker's children does not take it
-first) and watches a pipe whose write end only the supervisor holds: ``done`` on the pipe means
-the supervisor cleaned up itself; end-of-file without it means the supervisor died, so the group
-gets SIGKILL. Past DEADLINE (unix time) the group is killed regardless, a last line of defence
-for a supervisor that is alive but stuck.
+``python -m sweep.reaper FD PGID TOKEN DEADLINE``: the supervisor (a Ray worker) can be SIGKILLed,
+OOM-killed or torn down with its driver, and then its ``finally`` never runs, while an orphaned
+Neuron process keeps its cores. The reaper detaches (double fork, so Ray's cleanup of a dead
+worker's children does not take it first) and watches a pipe whose write end only the supervisor
+holds: ``done`` means the supervisor cleaned up itself; end-of-file without it means the supervisor
+died, so the trial's processes get SIGKILL. Past DEADLINE (unix time) they are killed regardless,
+a last line of defence for a supervisor that is alive but stuck.
 """
 
 from __future__ import annotations
@@ -19,9 +23,51 @@ import select
 import signal
 import sys
 import time
+from pathlib import Path
+
+TOKEN_VAR = "SWEEP_TRIAL_TOKEN"
 
 
-def watch(fd: int, pgid: int, deadline: float) -> str:
+def tagged_pids(token: str) -> list[int]:
+    """Live processes whose environment carries this trial's token (zombies have none)."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    me = os.getpid()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_trial(pgid: int | None, token: str | None, sig: int = signal.SIGKILL, rounds: int = 5) -> int:
+    """Signal the trial's process group and every process carrying its token; return how many."""
+    n = 0
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+            n += 1
+    if not token:
+        return n
+    for _ in range(rounds if sig == signal.SIGKILL else 1):
+        pids = tagged_pids(token)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+                n += 1
+        if sig == signal.SIGKILL:
+            time.sleep(0.05)  # a process forked mid-scan shows up in the next round
+    return n
+
+
+def watch(fd: int, deadline: float) -> str:
     """Block until the supervisor says done, dies, or the deadline passes; return which."""
     buf = b""
     while True:
@@ -38,13 +84,11 @@ def watch(fd: int, pgid: int, deadline: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-    fd, pgid, deadline = int(argv[0]), int(argv[1]), float(argv[2])
+    fd, pgid, token, deadline = int(argv[0]), int(argv[1]), argv[2], float(argv[3])
     if os.fork() > 0:
         os._exit(0)
-    verdict = watch(fd, pgid, deadline)
-    if verdict != "done":
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+    if watch(fd, deadline) != "done":
+        kill_trial(pgid, token)
     return 0
 
 

@@ -186,7 +186,9 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     direction = r.choice(study, "study.direction", ("minimize", "maximize"), default="minimize")
     n_trials = r.integer(study, "study.n_trials", low=1)
     conc = study.get("concurrency", "auto")
-    concurrency = None if conc == "auto" else r.integer(study, "study.concurrency", low=1)
+    if conc != "auto" and (not isinstance(conc, int) or isinstance(conc, bool) or conc < 1):
+        raise r.error("study.concurrency", f'must be a positive integer or "auto", got {conc!r}')
+    concurrency = None if conc == "auto" else conc
     seed = r.integer(study, "study.seed", default=None)
     storage = r.string(study, "study.storage", default=None)
     artifacts = r.string(study, "study.artifacts", default=None)

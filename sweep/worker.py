@@ -33,11 +33,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from sweep import storage as st
+from sweep.reaper import TOKEN_VAR, kill_trial
 
 log = logging.getLogger("sweep.worker")
 
@@ -212,6 +214,7 @@ class Supervisor:
         self._files: list[IO[Any]] = []
         self._stop = threading.Event()
         self._lost = threading.Event()
+        self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.reaper
         self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
 
@@ -225,7 +228,7 @@ class Supervisor:
         stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
         events = open(self.artifact_dir / "events.jsonl", "a")  # noqa: SIM115
         self._files += [stderr, events]
-        env = {**os.environ, **task.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **task.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = trainer_command(task, config_path, self.artifact_dir, self.python)
         self.launch_unix = time.time()
@@ -284,8 +287,9 @@ class Supervisor:
     def close(self) -> None:
         """Always runs: no process of the group survives, the reaper stands down, files close."""
         self._stop.set()
-        if self.proc is not None and self.proc.returncode is None:
-            self._signal(signal.SIGKILL)
+        if self.proc is not None:
+            # A reaped leader's pid may already name another group: then only the token is safe.
+            kill_trial(self.proc.pid if self.proc.returncode is None else None, self.token)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
         if self._reaper_w is not None:
@@ -343,16 +347,16 @@ class Supervisor:
     # -- processes ------------------------------------------------------------------------------
 
     def _signal(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+        """Signal the trainer's group and every process carrying the trial's token (torchrun ranks)."""
+        if self.proc is not None:
+            kill_trial(self.proc.pid, self.token, sig)
 
     def _start_reaper(self, deadline_unix: float) -> None:
         assert self.proc is not None
         r, w = os.pipe()
         try:
-            subprocess.Popen([sys.executable, "-m", "sweep.reaper", str(r), str(self.proc.pid), f"{deadline_unix:.3f}"],
+            subprocess.Popen([sys.executable, "-m", "sweep.reaper", str(r), str(self.proc.pid), self.token,
+                              f"{deadline_unix:.3f}"],
                              pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).wait(timeout=30)

@@ -110,6 +110,14 @@ def test_hanging_trainer_is_killed_at_the_deadline(tmp_path, config, journal_stu
     assert_no_trainer_left(tmp_path)
 
 
+def test_torchrun_ranks_are_killed_at_the_deadline(tmp_path, config):
+    """torchrun puts every rank in a session of its own: the group kill alone would orphan them."""
+    task = make_task(tmp_path, {**config, "fault": "hang", "fault_step": 3}, budget_s=3, deadline_s=15, ranks=2)
+    out = supervise(task)
+    assert out.state == "FAIL" and out.fail_kind == "deadline"
+    assert_no_trainer_left(tmp_path)
+
+
 def test_sigkilled_trainer_is_a_retryable_crash(tmp_path, config):
     task = make_task(tmp_path, config, budget_s=20)
     result = {}
