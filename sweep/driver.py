@@ -357,6 +357,7 @@ class Driver:
         if t.state.is_finished():
             return
         attrs = dict(result.get("record") or {})
+        attrs["record_fields"] = sorted(result.get("record") or {})
         attrs.update({k: result[k] for k in ("fail_kind",) if result.get(k)})
         if result.get("reason") and result["state"] != "COMPLETE":
             attrs["fail_reason"] = result["reason"]

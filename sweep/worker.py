@@ -131,7 +131,12 @@ def run_trial(task: TrialTask) -> Outcome:
         outcome = sup.run()
     finally:
         sup.close()
-    outcome.told = _record(study, trial, task, outcome, sup, t0)
+    try:
+        outcome.told = _record(study, trial, task, outcome, sup, t0)
+    except Exception as e:  # the driver stores the outcome instead (it gets it from Ray)
+        log.warning("trial %d: could not store the outcome: %s", task.number, st.scrub(str(e), task.storage_url))
+        outcome.told = False
+        outcome.slot_seconds = outcome.slot_seconds or time.monotonic() - t0
     return outcome
 
 

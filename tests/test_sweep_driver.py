@@ -113,3 +113,19 @@ def test_interrupt_fails_in_flight_trials_as_lost(driver, monkeypatch):
     t = d.study.get_trials()[0]
     assert t.state.name == "FAIL" and t.user_attrs["fail_kind"] == "lost" and needs_retry(t)
     assert cancelled == [("ref", True)] and not d.inflight
+
+
+def test_driver_stores_an_outcome_the_supervisor_could_not(driver):
+    d = driver()
+    trial = d.study.ask()
+    trial.suggest_int("depth", 1, 2)
+    slot = drv._InFlight(trial.number, trial._trial_id, {}, time.monotonic())
+    result = {"number": trial.number, "state": "COMPLETE", "value": 1.25, "fail_kind": None, "reason": None,
+              "slot_seconds": 9.0, "told": False, "record": {"status": "ok", "val_bpb": 1.25, "steps": 7}}
+    d._tell_from_outcome(slot, result)
+    d._tell_from_outcome(slot, result)  # idempotent: the trial is finished now
+    t = d.study.get_trials()[0]
+    assert t.state.name == "COMPLETE" and t.value == 1.25
+    from sweep.cli import record_of
+
+    assert record_of(t) == result["record"] and t.user_attrs["slot_seconds"] == 9.0
