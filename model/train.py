@@ -75,6 +75,7 @@ class ChargedClock:
     charged_s: float = 0.0
     last_step_s: float = 0.0
     steps_seen: int = 0
+    excluded_s: float = 0.0  # training steps that were not charged, part of start-up
     step_times: list[float] = field(default_factory=list)
 
     def start(self, startup_s: float) -> None:
@@ -87,6 +88,7 @@ class ChargedClock:
         if self.steps_seen <= self.excluded_steps:
             before = max(0.0, self.startup_s - self.allowance_s)
             self.startup_s += seconds
+            self.excluded_s += seconds
             self.charged_s += max(0.0, self.startup_s - self.allowance_s) - before
             return
         self.charged_s += seconds
@@ -161,6 +163,20 @@ def _agree_on_stop(code: int, rt: devices.Runtime) -> int:
     return int(t.item())
 
 
+def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
+    """Make every rank adopt the slowest rank's charged seconds and the strongest stop request.
+
+    Ranks time their own steps; if each kept its own clock they would reach eval points and the budget
+    at different steps and deadlock in mismatched collectives. One small all-reduce per step avoids it.
+    """
+    if rt.world_size == 1:
+        return code
+    t = torch.tensor([float(code), clock.charged_s, clock.startup_s], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    code_f, clock.charged_s, clock.startup_s = t.tolist()
+    return int(code_f)
+
+
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None) -> dict[str, Any]:
     from model.data import BatchLoader, load_dataset, validation_batches
 
@@ -217,7 +233,10 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             stop = STOP_SIGNAL
         elif clock.should_stop():
             stop = STOP_BUDGET
-        stop = _agree_on_stop(stop, rt)
+        stop = _agree_on_clock(stop, clock, rt)
+        while stop != STOP_SIGNAL and pending_evals and clock.progress >= pending_evals[0]:
+            pending_evals.pop(0)
+            intermediate_eval()
         if stop != STOP_NONE:
             if stop == STOP_SIGNAL:
                 state.status, state.reason = "stopped", "stopped by SIGTERM"
@@ -257,9 +276,6 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
                 events.emit("step", step=state.step, charged_s=round(clock.charged_s, 4),
                             progress=round(clock.progress, 4), train_loss=state.last_loss,
                             tokens_per_second=tps)
-        while pending_evals and clock.progress >= pending_evals[0]:
-            pending_evals.pop(0)
-            intermediate_eval()
 
     train_seconds = clock.charged_s
     result: dict[str, Any] = {
@@ -273,6 +289,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "train_loss": state.last_loss, "data": ds.fingerprint, "curve": state.curve,
         "step_seconds_median": statistics.median(clock.step_times) if clock.step_times else 0.0,
         "step_seconds_max": max(clock.step_times, default=0.0), "excluded_steps": run.excluded_steps,
+        "excluded_seconds": clock.excluded_s,
     }
     if state.status == "ok":
         t0 = time.perf_counter()
@@ -385,4 +402,9 @@ def _failed(cfg: TrainConfig, rt: devices.Runtime, reason: str) -> dict[str, Any
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and the checkpoint renamed into place; skip a second of interpreter teardown
+    # (unloading torch) that would otherwise be charged to the trial's slot.
+    os._exit(exit_code)

@@ -134,6 +134,17 @@ def test_two_ranks_match_one_rank_at_the_same_global_batch(run_trainer, tiny_con
     assert two.result["val_bpb"] == pytest.approx(one["val_bpb"], abs=0.01)
 
 
+@pytest.mark.slow
+def test_two_ranks_on_the_charged_clock_agree_on_evals_and_the_stop(run_trainer, tiny_config):
+    # Time-keyed progress: ranks must share one clock or they meet eval points at different steps.
+    run = run_trainer({**tiny_config, "batch_size": 4, "eval_fractions": [0.25, 0.5, 0.75]}, budget_s=6,
+                      ranks=2, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.result["status"] == "ok" and run.result["world_size"] == 2
+    assert len(run.of("eval")) == 3
+    assert run.result["train_seconds"] <= 6 * 1.01
+
+
 @pytest.mark.parametrize("config, message", [
     ({"depht": 3}, "unknown config key 'depht'"),
     ({"model_dim": 100, "head_dim": 32}, "not divisible by head_dim"),
