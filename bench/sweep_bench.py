@@ -84,15 +84,18 @@ def measure(budget_s: float) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
         res = _run_study(budget_s, Path(tmp))
     trials = [t for t in res["trials"] if t.state.name == "COMPLETE"]
-    work, startup, exits, overhead, study_share, slots = [], [], [], [], [], []
+    work, work_steps, startup, exits, overhead, study_share, slots = [], [], [], [], [], [], []
     for t in trials:
         a = t.user_attrs
         slot = a["slot_seconds"]
         busy = a["train_seconds"] + a["eval_seconds"]
+        # The excluded first steps train the model too; the competition only leaves them uncharged.
+        excluded = a.get("excluded_seconds", 0.0)
         exit_s = a.get("supervisor_seconds", {}).get("exit_after_result", 0.0)
         slots.append(slot)
         work.append(busy / slot)
-        startup.append(a["startup_seconds"] / slot)
+        work_steps.append((busy + excluded) / slot)
+        startup.append((a["startup_seconds"] - excluded) / slot)
         exits.append(exit_s / slot)
         overhead.append(max(0.0, slot - busy - a["startup_seconds"] - exit_s) / slot)
         study_share.append(busy / (t.datetime_complete - t.datetime_start).total_seconds())
@@ -104,6 +107,7 @@ def measure(budget_s: float) -> list[dict[str, Any]]:
     rows = [{
         "name": "slot_share", "budget_s": budget_s, "trials": len(trials), "concurrency": TRIALS,
         "train_eval_share_median": _median(work), "train_eval_share_min": round(min(work), 4) if work else None,
+        "all_steps_eval_share_median": _median(work_steps),
         "startup_share_median": _median(startup), "trainer_exit_share_median": _median(exits),
         "sweep_overhead_share_median": _median(overhead),
         "ask_to_tell_share_median": _median(study_share), "slot_seconds_median": _median(slots),
