@@ -1,0 +1,5 @@
+"""``python -m infra ...``: see :mod:`infra.cli`."""
+
+from infra.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,237 @@
+"""The Ray cluster config for trn2: template and rendered files against Ray's own schema and AWS bootstrap.
+
+``validate`` runs Ray 2.60's ``validate_config`` (the JSON schema shipped as
+``ray/autoscaler/ray-schema.json`` plus its cross-field checks); the bootstrap test runs Ray's own AWS
+``bootstrap_aws`` (key pair, subnets, security group, AMI) against moto.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import boto3
+import jsonschema
+import pytest
+import yaml
+
+from infra import cluster, network
+from infra.aws import BadInput, InfraError
+from infra.cli import main
+
+REGION = "us-east-2"
+AMI = "ami-0123456789abcdef0"
+RAY_SCHEMA = Path(__import__("ray.autoscaler", fromlist=["x"]).__file__).parent / "ray-schema.json"
+
+
+def options(tmp_path, **over):
+    token = tmp_path / "auth_token"
+    token.write_text("token-not-a-secret-here")
+    base = {"region": REGION, "ami": AMI, "bucket": "trnsweep-123-us-east-2", "zones": ["us-east-2a", "us-east-2b"],
+            "auth_token": token, "out_dir": tmp_path / "out"}
+    return cluster.Options(**{**base, **over})
+
+
+def test_ray_schema_file_is_the_one_validated_against():
+    schema = json.loads(RAY_SCHEMA.read_text())
+    assert "available_node_types" in schema["properties"]
+    template = cluster.load_template()
+    jsonschema.validate(template, schema)  # the raw template, placeholders and all, is already well-formed
+
+
+def test_template_declares_neuron_cores_and_scales_from_zero():
+    types = cluster.load_template()["available_node_types"]
+    assert types["head"]["resources"] == {"CPU": 0}
+    for name in (cluster.SMALL, cluster.LARGE):
+        assert types[name]["min_workers"] == 0 and "neuron_cores" in types[name]["resources"]
+
+
+@pytest.mark.parametrize("lnc, small, large", [(2, 4, 64), (1, 8, 128)])
+def test_neuron_cores_follow_the_logical_core_config(tmp_path, lnc, small, large):
+    cfg = cluster.render(options(tmp_path, lnc=lnc, max_large=1))
+    types = cfg["available_node_types"]
+    assert types[cluster.SMALL]["resources"] == {"CPU": 12, "neuron_cores": small}
+    assert types[cluster.LARGE]["resources"] == {"CPU": 192, "neuron_cores": large}
+    assert cfg["max_workers"] == 9 and types[cluster.LARGE]["max_workers"] == 1
+    assert f"export NEURON_LOGICAL_NC_CONFIG={lnc}" in cluster.env_file(options(tmp_path, lnc=lnc))
+
+
+def test_rendered_config_details(tmp_path):
+    cfg = cluster.render(options(tmp_path))
+    assert cfg["provider"] == {"type": "aws", "region": REGION, "availability_zone": "us-east-2a,us-east-2b",
+                               "cache_stopped_nodes": False, "security_group": {"GroupName": "trnsweep"}}
+    nodes = cfg["available_node_types"]
+    assert {n["node_config"]["ImageId"] for n in nodes.values()} == {AMI}
+    assert nodes["head"]["node_config"]["IamInstanceProfile"] == {"Name": "trnsweep-head"}
+    assert all("InstanceMarketOptions" not in n["node_config"] for n in nodes.values())
+    assert "bash ~/trnsweep/infra/ray/head_postgres.sh" in cfg["head_setup_commands"]
+    start = " ".join(cfg["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in start and "cluster.env" in start
+    assert "'torch==2.13.0'" in " ".join(cfg["worker_setup_commands"])
+    assert "pip.repos.neuron.amazonaws.com" in " ".join(cfg["worker_setup_commands"])
+    text = yaml.safe_dump(cfg)
+    assert "@" not in text.replace("user@", "")  # no placeholder left
+
+
+def test_spot_and_external_database(tmp_path):
+    cfg = cluster.render(options(tmp_path, spot=True, db="secret", db_secret="trnsweep/db", cluster_name="phase1"))
+    nodes = cfg["available_node_types"]
+    assert nodes[cluster.SMALL]["node_config"]["InstanceMarketOptions"] == {"MarketType": "spot"}
+    assert "InstanceMarketOptions" not in nodes["head"]["node_config"]  # the head is never spot
+    assert not any("head_postgres" in c for c in cfg["head_setup_commands"])
+    assert cfg["provider"]["security_group"]["GroupName"] == "trnsweep-phase1"
+    env = cluster.env_file(options(tmp_path, db="secret", db_secret="trnsweep/db"))
+    assert 'export SWEEP_DB_SECRET="trnsweep/db"' in env
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"lnc": 4}, "--lnc must be 1 or 2"),
+    ({"max_small": 0, "max_large": 0}, "at least one worker"),
+    ({"db": "secret"}, "needs --db-secret"),
+    ({"db": "sqlite"}, "--db must be"),
+    ({"cluster_name": "Bad Name"}, "--cluster-name"),
+    ({"torch_pin": "torch>=2"}, "expected torch==VERSION"),
+    ({"zones": []}, "no availability zones"),
+])
+def test_bad_options(tmp_path, over, message):
+    with pytest.raises(BadInput, match=message):
+        cluster.render(options(tmp_path, **over))
+
+
+def test_schema_violation_is_one_line(tmp_path):
+    template = cluster.load_template()
+    template["available_node_types"][cluster.SMALL]["resources"]["neuron_cores"] = "four"
+    template["available_node_types"][cluster.SMALL]["bogus"] = 1
+    with pytest.raises(InfraError, match="fails Ray's schema at available_node_types/trn2-3xlarge") as e:
+        cluster.validate(template)
+    assert "\n" not in str(e.value)
+    broken = cluster.load_template()
+    broken["head_node_type"] = "nope"
+    with pytest.raises(InfraError, match="head_node_type"):
+        cluster.validate(broken)
+
+
+def test_write_snapshot_env_and_file(tmp_path):
+    paths = cluster.write(options(tmp_path))
+    text = paths["config"].read_text()
+    assert text.startswith("# Generated by `python -m infra render-cluster`")
+    cfg = yaml.safe_load(text)
+    cluster.validate(cfg)
+    jsonschema.validate(cfg, json.loads(RAY_SCHEMA.read_text()))
+    src = paths["source"]
+    assert cfg["file_mounts"]["~/trnsweep"] == str(src.resolve())
+    assert (src / "infra" / "ray" / "trn2.yaml").is_file() and (src / "Makefile").is_file()
+    assert not (src / ".venv").exists() and not (src / "runs").exists() and not (src / ".git").exists()
+    env = paths["env"].read_text()
+    assert "RAY_AUTH_MODE=token" in env and "TRNSWEEP_S3=s3://trnsweep-123-us-east-2" in env
+    assert "password" not in env.lower()
+    # The env file is valid shell and sets what the node scripts rely on.
+    show = 'echo "$SWEEP_ARTIFACTS|$TRNSWEEP_TRIAL_FILES|$TORCH_NEURONX_NEFF_CACHE_DIR|$SWEEP_DB_SECRET"'
+    out = subprocess.run(["bash", "-c", f'set -eu; HOME=/home/ubuntu; . "{paths["env"]}"; {show}'],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ("s3://trnsweep-123-us-east-2/artifacts|/home/ubuntu/trnsweep/runs/artifacts|"
+                   "/home/ubuntu/neuron-cache/neff|file:/home/ubuntu/.trnsweep/db.json")
+
+
+def test_missing_auth_token_is_bad_input(tmp_path):
+    opts = options(tmp_path)
+    opts.auth_token = tmp_path / "absent"
+    with pytest.raises(BadInput, match="ray get-auth-token --generate"):
+        cluster.write(opts)
+
+
+def test_makefile_torch_pin(tmp_path):
+    assert cluster.makefile_torch_pin() == "torch==2.13.0"
+    (tmp_path / "Makefile").write_text("TORCH_PIN ?= torch==9.9.9\n")
+    assert cluster.makefile_torch_pin(tmp_path / "Makefile") == "torch==9.9.9"
+    assert cluster.makefile_torch_pin(tmp_path / "none") == cluster.DEFAULT_TORCH_PIN
+
+
+@pytest.fixture
+def moto_aws(monkeypatch, tmp_path):
+    moto = pytest.importorskip("moto")
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_REGION", REGION), ("AWS_DEFAULT_REGION", REGION), ("AWS_CONFIG_FILE", os.devnull),
+                       ("AWS_SHARED_CREDENTIALS_FILE", os.devnull), ("HOME", str(tmp_path / "home"))):
+        monkeypatch.setenv(var, value)
+    (tmp_path / "home").mkdir()
+    with moto.mock_aws():
+        yield
+
+
+def test_ray_aws_bootstrap_accepts_the_config(moto_aws, tmp_path):
+    """Ray's own `ray up` preparation, against moto: our security group is used as is (SSH from the
+    operator only, no 0.0.0.0/0 added), subnets come only from our zones, our instance profiles stay."""
+    from ray.autoscaler._private.aws.config import bootstrap_aws
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    sg = network.ensure(ec2, "trnsweep", ["203.0.113.7/32"])
+    config = prepare_config(copy.deepcopy(cluster.render(options(tmp_path))))
+    validate_config(config)
+    out = bootstrap_aws(config)
+    zone_of = {s["SubnetId"]: s["AvailabilityZone"] for s in ec2.describe_subnets()["Subnets"]}
+    for name, node in out["available_node_types"].items():
+        nc = node["node_config"]
+        assert nc["SecurityGroupIds"] == [sg["group_id"]], name
+        assert {zone_of[s] for s in nc["SubnetIds"]} == {"us-east-2a", "us-east-2b"}
+        assert nc["IamInstanceProfile"]["Name"] == ("trnsweep-head" if name == "head" else "trnsweep-worker")
+    perms = ec2.describe_security_groups(GroupIds=[sg["group_id"]])["SecurityGroups"][0]["IpPermissions"]
+    cidrs = {r["CidrIp"] for p in perms for r in p.get("IpRanges", [])}
+    assert cidrs == {"203.0.113.7/32"}
+    assert Path(out["auth"]["ssh_private_key"]).is_file()
+
+
+def test_cli_render(moto_aws, tmp_path, capsys):
+    ssm = boto3.client("ssm", region_name=REGION)
+    ssm.put_parameter(Name="/test/neuron/image_id", Value=AMI, Type="String")
+    token = tmp_path / "tok"
+    token.write_text("t")
+    args = ["render-cluster", "--ssm-parameter", "/test/neuron/image_id", "--bucket", "b-1", "--auth-token", str(token),
+            "--out-dir", str(tmp_path / "out")]
+    # moto's offering table lacks trn2.3xlarge: --zones auto then reports where nothing is offered.
+    assert main(args) == 2
+    assert "trn2.3xlarge: nowhere" in capsys.readouterr().err
+    assert main(args + ["--zones", "us-east-2a", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ami"] == AMI and data["zones"] == ["us-east-2a"]
+    assert yaml.safe_load(Path(data["config"]).read_text())["provider"]["availability_zone"] == "us-east-2a"
+    assert main(args + ["--zones", "eu-west-1a"]) == 2
+    assert "not zones of us-east-2" in capsys.readouterr().err
+
+
+def test_node_scripts_parse():
+    for script in ("head_postgres.sh", "node_sync.sh"):
+        subprocess.run(["bash", "-n", str(cluster.TEMPLATE.parent / script)], check=True)
+
+
+def _local_postgres() -> bool:
+    return shutil.which("psql") is not None and subprocess.run(
+        ["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _local_postgres(), reason="needs the PostgreSQL at 127.0.0.1:5432 (.ci/run starts it)")
+def test_head_postgres_sql_is_idempotent_and_grants_login(tmp_path):
+    """The SQL half of head_postgres.sh, run twice against the local server as user postgres."""
+    lines = cluster.TEMPLATE.parent.joinpath("head_postgres.sh").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("sudo -u postgres psql"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == "SQL")
+    block = "\n".join(["psql -h 127.0.0.1 -U postgres" + lines[start][len("sudo -u postgres psql"):],
+                       *lines[start + 1:end + 1]])
+    env = {**os.environ, "DB_USER": "trnsweep_it", "DB_NAME": "trnsweep_it_db", "PASSWORD": "pw_Z-9x"}
+    try:
+        for _ in range(2):
+            subprocess.run(["bash", "-c", block], env=env, check=True, capture_output=True, timeout=60)
+        import psycopg2
+
+        psycopg2.connect(host="127.0.0.1", user="trnsweep_it", password="pw_Z-9x", dbname="trnsweep_it_db").close()
+    finally:
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c",
+                        "DROP DATABASE IF EXISTS trnsweep_it_db", "-c", "DROP ROLE IF EXISTS trnsweep_it"],
+                       capture_output=True, timeout=60)
