@@ -49,6 +49,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     from infra import ami, capacity, cluster
 
     region = _region(args)
+    opts = cluster.Options(
+        region=region, ami="", bucket="", zones=["pending"], cluster_name=args.cluster_name,
+        head_type=args.head_type, lnc=args.lnc, spot=args.spot, max_small=args.max_3xl, max_large=args.max_48xl,
+        db=args.db, db_secret=args.db_secret, db_host=args.db_host, db_name=args.db_name,
+        torch_pin=args.torch_pin or cluster.makefile_torch_pin(),
+        auth_token=Path(args.auth_token), out_dir=Path(args.out_dir) if args.out_dir else None)
+    opts.check()  # flag mistakes before any AWS call
     image = ami.check_ami_id(args.ami) if args.ami else ami.resolve(aws.client("ssm", region), args.ssm_parameter)
     if args.zones == "auto":
         types = ([args.head_type] + (["trn2.3xlarge"] if args.max_3xl else [])
@@ -60,11 +67,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if bad:
             raise BadInput(f"--zones {', '.join(bad)}: not zones of {region}")
     bucket = args.bucket or _default_bucket(region)
-    opts = cluster.Options(
-        region=region, ami=image, bucket=bucket, zones=zones, cluster_name=args.cluster_name,
-        head_type=args.head_type, lnc=args.lnc, spot=args.spot, max_small=args.max_3xl, max_large=args.max_48xl,
-        db=args.db, db_secret=args.db_secret, torch_pin=args.torch_pin or cluster.makefile_torch_pin(),
-        auth_token=Path(args.auth_token), out_dir=Path(args.out_dir) if args.out_dir else None)
+    opts.ami, opts.zones, opts.bucket = image, zones, bucket
     paths = cluster.write(opts)
     _emit(args, {k: str(v) for k, v in paths.items()} | {"ami": image, "zones": zones, "bucket": bucket},
           [f"cluster config: {paths['config']}", f"  image {image}, zones {', '.join(zones)}, bucket {bucket}",
@@ -212,6 +215,19 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from infra import scale
+
+    cores = scale.cores_per_worker(args.type, args.lnc)
+    wanted = scale.request(args.workers, cores)
+    if wanted:
+        print(f"requested {len(wanted)} x {args.type} ({cores} neuron_cores each) from the autoscaler; "
+              "withdraw with --workers 0 when the sweep ends")
+    else:
+        print("standing request withdrawn: idle workers will be scaled away")
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Preflight: credentials, bucket, database secret, capacity; every problem listed, exit 1 if any."""
     from infra import buckets, capacity, secrets
@@ -307,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--db", choices=("head", "secret"), default="head",
                     help="head: PostgreSQL on the head node; secret: --db-secret names an RDS/external one")
     sp.add_argument("--db-secret", help="Secrets Manager id or ARN of the database credentials")
+    sp.add_argument("--db-host", help="database host, when the secret has none (RDS-managed secrets)")
+    sp.add_argument("--db-name", help="database name, when the secret has none")
     sp.add_argument("--torch-pin", help="default: the Makefile's TORCH_PIN")
     sp.add_argument("--auth-token", default="~/.ray/auth_token", help="Ray auth token file copied to every node")
     sp.add_argument("--out-dir", help="default runs/aws/CLUSTER")
@@ -366,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-age-s", type=float, default=300.0,
                     help="push only files unchanged this long (default 300; a compile may still be writing)")
     sp.add_argument("--quiet", action="store_true")
+
+    sp = add("scale", cmd_scale, "ask the autoscaler for N trn2 workers now (on the head; 0 withdraws)",
+             region=False)
+    sp.add_argument("--workers", type=_positive_int, required=True)
+    sp.add_argument("--type", default="trn2.3xlarge", choices=("trn2.3xlarge", "trn2.48xlarge"))
+    sp.add_argument("--lnc", type=int, choices=(1, 2), help="default: $NEURON_LOGICAL_NC_CONFIG or 2")
 
     sp = add("check", cmd_check, "preflight: credentials, bucket, database secret, capacity")
     sp.add_argument("--bucket")

@@ -46,6 +46,8 @@ class Options:
     max_large: int = 0
     db: str = "head"  # "head": PostgreSQL on the head node; "secret": SWEEP_DB_SECRET names an external one
     db_secret: str | None = None
+    db_host: str | None = None  # for RDS-managed secrets, which hold only username and password
+    db_name: str | None = None
     torch_pin: str = DEFAULT_TORCH_PIN
     auth_token: Path = field(default_factory=lambda: Path("~/.ray/auth_token"))
     source: Path = REPO_ROOT
@@ -62,6 +64,9 @@ class Options:
             raise BadInput(f"--db must be 'head' or 'secret', got {self.db!r}")
         if self.db == "secret" and not self.db_secret:
             raise BadInput("--db secret needs --db-secret (a Secrets Manager id or ARN)")
+        for flag, value in (("--db-host", self.db_host), ("--db-name", self.db_name)):
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+                raise BadInput(f"{flag} {value!r}: a host name or database name")
         if not re.fullmatch(r"torch==[0-9][0-9A-Za-z.+]*", self.torch_pin):
             raise BadInput(f"--torch-pin {self.torch_pin!r}: expected torch==VERSION")
         if not self.zones:
@@ -98,8 +103,11 @@ def env_file(opts: Options) -> str:
         f"export AWS_REGION={opts.region}",
         f"export AWS_DEFAULT_REGION={opts.region}",
         "export RAY_AUTH_MODE=token",
+        "export RAY_ADDRESS=auto  # drivers started on a node (make sweep) join this cluster",
         f"export TRNSWEEP_S3=s3://{opts.bucket}",
         f'export SWEEP_DB_SECRET="{secret}"',
+        *([f"export SWEEP_DB_HOST={opts.db_host}"] if opts.db_host else []),
+        *([f"export SWEEP_DB_NAME={opts.db_name}"] if opts.db_name else []),
         "# The sweep's artifact store: each finished trial's files (sweep/artifacts.py uploads them).",
         f"export SWEEP_ARTIFACTS=s3://{opts.bucket}/artifacts",
         "# Trials' working files, on the worker that ran them (also those of trials killed mid-run);",

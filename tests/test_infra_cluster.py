@@ -84,8 +84,12 @@ def test_spot_and_external_database(tmp_path):
     assert "InstanceMarketOptions" not in nodes["head"]["node_config"]  # the head is never spot
     assert not any("head_postgres" in c for c in cfg["head_setup_commands"])
     assert cfg["provider"]["security_group"]["GroupName"] == "trnsweep-phase1"
-    env = cluster.env_file(options(tmp_path, db="secret", db_secret="trnsweep/db"))
-    assert 'export SWEEP_DB_SECRET="trnsweep/db"' in env
+    env = cluster.env_file(options(tmp_path, db="secret", db_secret="trnsweep/db", db_host="db.x.rds.amazonaws.com",
+                                  db_name="optuna"))
+    assert 'export SWEEP_DB_SECRET="trnsweep/db"' in env and "export SWEEP_DB_HOST=db.x.rds.amazonaws.com" in env
+    assert "export SWEEP_DB_NAME=optuna" in env
+    with pytest.raises(BadInput, match="--db-host"):
+        cluster.render(options(tmp_path, db="secret", db_secret="s", db_host="x; rm -rf /"))
 
 
 @pytest.mark.parametrize("over, message", [
@@ -235,3 +239,25 @@ def test_head_postgres_sql_is_idempotent_and_grants_login(tmp_path):
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c",
                         "DROP DATABASE IF EXISTS trnsweep_it_db", "-c", "DROP ROLE IF EXISTS trnsweep_it"],
                        capture_output=True, timeout=60)
+
+
+def test_scale_requests_one_bundle_per_worker(monkeypatch, capsys):
+    from infra import scale
+
+    calls = []
+
+    class FakeSdk:
+        @staticmethod
+        def request_resources(bundles):
+            calls.append(bundles)
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert scale.cores_per_worker("trn2.3xlarge") == 8 and scale.cores_per_worker("trn2.48xlarge", 2) == 64
+    assert scale.request(3, 4, sdk=FakeSdk) == [{"neuron_cores": 4.0}] * 3
+    assert scale.request(0, 4, sdk=FakeSdk) == [] and calls == [[{"neuron_cores": 4.0}] * 3, []]
+    monkeypatch.setattr(scale, "request", lambda workers, cores: scale.bundles(workers, cores))
+    assert main(["scale", "--workers", "2", "--lnc", "2"]) == 0
+    assert "requested 2 x trn2.3xlarge (4 neuron_cores each)" in capsys.readouterr().out
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "4")
+    assert main(["scale", "--workers", "1"]) == 2
+    assert "must be 1 or 2" in capsys.readouterr().err
