@@ -86,6 +86,8 @@ class Estimate:
             ]
         if self.head_hours is not None:
             out.append(f"head: {self.head_type} for {self.head_hours:.1f} h = ${self.head_usd:,.2f}")
+        elif not self.chips_per_trial:
+            pass  # a laptop or CPU run: no cluster head to price
         else:
             out.append("head: not counted (concurrency is \"auto\": pass --parallel N to include it)")
         out.append(f"total: ${self.total_usd:,.2f}")
