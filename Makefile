@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install test sweep bench lint dashboard status best clean
+.PHONY: install system-deps test sweep bench lint dashboard status best clean
 
 install: $(STAMP)
 
@@ -19,7 +19,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# The dashboard tests drive Debian's headless Chromium; install it where we may (root with apt-get).
+system-deps:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "warning: chromium is missing; install Debian's chromium package for the dashboard tests" >&2; \
+		fi; \
+	fi
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 sweep: $(STAMP)
