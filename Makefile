@@ -32,8 +32,11 @@ system-deps:
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The cost check prints nothing unless the spec's cap is exceeded; with-db resolves the study database
+# from AWS Secrets Manager or a file where the cluster is set up so (docs/aws.md), else passes through.
 sweep: $(STAMP)
-	$(PY) -m sweep run $(STUDY)
+	$(PY) -m infra cost $(STUDY) --check
+	$(PY) -m infra with-db -- $(PY) -m sweep run $(STUDY)
 
 status: $(STAMP)
 	$(PY) -m sweep status $(STUDY)
@@ -49,3 +52,37 @@ lint: $(STAMP)
 
 clean:
 	rm -rf runs/ .pytest_cache
+
+# -- AWS (docs/aws.md) --------------------------------------------------------------------------
+INFRA := $(PY) -m infra
+NEED ?= trn2.3xlarge=8
+CLUSTER ?= trnsweep
+SSH_CIDR ?=
+DB_SECRET ?=
+RENDER_ARGS ?=
+
+.PHONY: infra-check infra-capacity infra-cost infra-bucket infra-sg infra-iam infra-render infra-db-url
+
+infra-check: $(STAMP)
+	$(INFRA) check --need $(NEED) $(if $(DB_SECRET),--db-secret $(DB_SECRET))
+
+infra-capacity: $(STAMP)
+	$(INFRA) capacity --need $(NEED)
+
+infra-cost: $(STAMP)
+	$(INFRA) cost $(STUDY)
+
+infra-bucket: $(STAMP)
+	$(INFRA) bucket
+
+infra-sg: $(STAMP)
+	$(INFRA) security-group --cluster-name $(CLUSTER) --ssh-cidr $(SSH_CIDR)
+
+infra-iam: $(STAMP)
+	$(INFRA) iam $(if $(DB_SECRET),--db-secret $(DB_SECRET))
+
+infra-render: $(STAMP)
+	$(INFRA) render-cluster --cluster-name $(CLUSTER) $(RENDER_ARGS)
+
+infra-db-url: $(STAMP)
+	$(INFRA) db-url --check
