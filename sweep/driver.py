@@ -123,6 +123,8 @@ class Driver:
         self._stop: str | None = None
         self.study: Any = None
         self._remote: Any = None
+        self._proxy: st.StorageProxy | None = None
+        self.worker_url = self.url  # what trials use: the store itself, or the driver's gRPC proxy
 
     # -- printing -------------------------------------------------------------------------------
 
@@ -203,6 +205,7 @@ class Driver:
                  f"budget {spec.budget_s:g} s, deadline {spec.deadline_s:g} s per trial")
         self.open_study()
         self.connect_ray()
+        self.start_proxy()
         self.say(f"ray: {self._ray_summary()}; {self.slots()} trial slot(s)")
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -238,7 +241,22 @@ class Driver:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop = signal.Signals(signum).name
 
+    def start_proxy(self) -> None:
+        """Put Optuna's gRPC proxy between the workers and a database when asked (spec or environment)."""
+        if self._proxy is not None or not st.proxy_wanted(self.spec.storage_proxy):
+            return
+        if not st.is_database(self.url) or st.is_proxy(self.url):
+            self.say(f"storage proxy: not used for {st.redact(self.url)} (it fronts a database only)")
+            return
+        self._proxy = st.StorageProxy(self.url)
+        self.worker_url = self._proxy.url
+        self.say(f"storage proxy: workers use {self.worker_url}")
+
     def shutdown(self) -> None:
+        if self._proxy is not None:
+            self._proxy.close()
+            self._proxy = None
+            self.worker_url = self.url
         if self._started_ray:
             import ray
 
@@ -289,7 +307,7 @@ class Driver:
         config = {**spec.space.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
         task = TrialTask(
-            study=spec.name, storage_url=self.url, number=number, trial_id=trial_id, params=params,
+            study=spec.name, storage_url=self.worker_url, number=number, trial_id=trial_id, params=params,
             config=config, budget_s=spec.budget_s, deadline_s=spec.deadline_s, eval_fractions=spec.eval_fractions,
             ranks=spec.ranks, trainer=spec.trainer, stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s,
             env=dict(spec.env), pruner=(spec.pruner.name, dict(spec.pruner.options)),
