@@ -38,7 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from sweep import artifacts
 from sweep import storage as st
+from sweep.artifacts import code_version
 from sweep.reaper import TOKEN_VAR, kill_trial
 
 log = logging.getLogger("sweep.worker")
@@ -73,6 +75,8 @@ class TrialTask:
     env: dict[str, str] = field(default_factory=dict)
     pruner: tuple[str, dict[str, Any]] = ("none", {})
     artifact_dir: str = ""
+    artifact_store: str = ""  # SWEEP_ARTIFACTS as resolved by the driver; "" uploads nothing
+    attrs: dict[str, Any] = field(default_factory=dict)  # user attributes stored with the outcome
 
     def eval_step(self, progress: float) -> int:
         """The nominal eval point nearest to ``progress``, in whole charged seconds.
@@ -127,12 +131,17 @@ def run_trial(task: TrialTask) -> Outcome:
     study, trial = _open_trial(task)
     sup = Supervisor(task, reporter=_OptunaReporter(study, trial, task))
     sup.marks["opened"] = time.monotonic() - t0
+    # The commit of the code this trial runs, asked of git beside the launch, off the critical path.
+    version: dict[str, Any] = {}
+    probe = threading.Thread(target=lambda: version.update(code_version()), daemon=True)
+    probe.start()
     try:
         outcome = sup.run()
     finally:
         sup.close()
+    probe.join(timeout=10)
     try:
-        outcome.told = _record(study, trial, task, outcome, sup, t0)
+        outcome.told = _record(study, trial, task, outcome, sup, t0, version)
     except Exception as e:  # the driver stores the outcome instead (it gets it from Ray)
         log.warning("trial %d: could not store the outcome: %s", task.number, st.scrub(str(e), task.storage_url))
         outcome.told = False
@@ -448,11 +457,12 @@ class Supervisor:
         return out
 
 
-def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor, t0: float) -> bool:
-    """Store the record and the outcome; False when someone else finished the trial first.
+def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor, t0: float,
+            version: dict[str, Any] | None = None) -> bool:
+    """Store the record, the artifacts and the outcome; False when someone else finished the trial first.
 
     ``slot_seconds`` (task start to just before ``tell``) is measured after every other write, so it
-    covers all the supervisor's own work.
+    covers all the supervisor's own work, uploads included.
     """
     import optuna
     from optuna.trial import TrialState
@@ -461,6 +471,8 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
     attrs["record_fields"] = sorted(out.record or {})
     attrs["artifacts"] = str(sup.artifact_dir)
     attrs["supervisor_seconds"] = _phases(sup.marks, t0)
+    attrs.update(task.attrs)
+    attrs.update(version or {})
     if sup.launch_unix is not None:
         attrs["launch_unix"] = sup.launch_unix
     if sup.first_step_unix is not None:
@@ -480,6 +492,7 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
             st.retry(lambda k=k, v=v: study._storage.set_trial_user_attr(task.trial_id, k, v), url=task.storage_url)
         if out.state == "COMPLETE" and task.final_step not in trial._cached_frozen_trial.intermediate_values:
             st.retry(lambda: trial.report(out.value, task.final_step), url=task.storage_url)
+        _upload(study, trial, task, out, sup.artifact_dir)
         out.slot_seconds = time.monotonic() - t0
         st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, "slot_seconds", round(out.slot_seconds, 3)),
                  url=task.storage_url)
@@ -494,6 +507,28 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
         if "finished" in str(e).lower():
             return False
         raise
+
+
+def _upload(study: Any, trial: Any, task: TrialTask, out: Outcome, work: Path) -> None:
+    """Upload the trial's files to the artifact store (see :mod:`sweep.artifacts`); never fails the trial."""
+    if not task.artifact_store:
+        return
+    try:
+        result = work / "result.json"
+        body = out.record if out.record is not None else {k: v for k, v in out.as_dict().items() if k != "record"}
+        result.write_text(json.dumps(body, indent=1, default=str) + "\n")
+        files = [work / "config.json", work / "trainer.log", work / "events.jsonl", result]
+        if out.state == "COMPLETE" and out.value is not None and artifacts.beats_best(study, out.value):
+            files.append(work / "final.pt")
+        store = artifacts.open_store(task.artifact_store)
+        for f in files:  # one retry unit per file, so a retried write cannot upload a file twice
+            st.retry(lambda f=f: artifacts.upload_files(store, trial, [f]), what=f"upload {f.name}",
+                     url=task.storage_url)
+    except Exception as e:  # a full bucket or missing credentials must not lose the trial's outcome
+        reason = st.scrub(f"{type(e).__name__}: {e}", task.storage_url)[:500]
+        log.warning("trial %d: artifact upload failed: %s", task.number, reason)
+        with contextlib.suppress(Exception):
+            study._storage.set_trial_user_attr(task.trial_id, "artifact_error", reason)
 
 
 def _phases(marks: dict[str, float], t0: float) -> dict[str, float]:
