@@ -21,7 +21,6 @@ are told FAIL with the reason and retried once under a new number with ``retry_o
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -36,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from sweep import artifacts as art
 from sweep import storage as st
+from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
 from sweep.space import ConstraintViolation
 from sweep.spec import StudySpec, build_pruner, build_sampler
 from sweep.worker import (
@@ -49,8 +50,7 @@ from sweep.worker import (
     process_alive,
 )
 
-ENV_ARTIFACTS = "SWEEP_ARTIFACTS"
-DEFAULT_ARTIFACTS = "runs/artifacts"
+ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
 MAX_CONSTRAINT_REJECTS = 100
 PROGRESS_EVERY_S = 30.0
 
@@ -84,12 +84,8 @@ def needs_retry(t: Any) -> bool:
 
 
 def artifacts_root(spec: StudySpec) -> Path:
-    root = os.environ.get(ENV_ARTIFACTS) or spec.artifacts or DEFAULT_ARTIFACTS
-    if root.startswith("s3://"):
-        logging.getLogger("sweep").warning("artifacts %s: S3 upload is not implemented here; staging under %s",
-                                           root, DEFAULT_ARTIFACTS)
-        root = DEFAULT_ARTIFACTS
-    return Path(root).expanduser().resolve()
+    """Where trials keep their working files (uploads go to the artifact store, see sweep.artifacts)."""
+    return art.scratch_root(art.artifacts_url(spec.artifacts))
 
 
 @dataclass
@@ -101,6 +97,7 @@ class _InFlight:
     started: float | None = None
     reported: set[int] = field(default_factory=set)
     cancelled: str | None = None  # why the driver cancelled it, if it did
+    deadline_s: float | None = None  # the trainer's hard limit when not the spec's (ad-hoc --budget-s)
 
 
 class Driver:
@@ -111,6 +108,7 @@ class Driver:
         self.out = out or sys.stdout
         self.poll_s = poll_s
         self.url = st.resolve_url(spec.storage)
+        self.spec_hash = art.spec_hash(spec.path)
         self.run_id = uuid.uuid4().hex[:8]
         self.identity = {**host_identity(), "run": self.run_id}
         self.inflight: dict[Any, _InFlight] = {}
@@ -162,9 +160,11 @@ class Driver:
         self._rng = random.Random((spec.seed or 0) + existing)
         with contextlib.suppress(Exception):
             for k, v in {"spec": str(spec.path), "budget_s": spec.budget_s, "n_trials": spec.n_trials,
-                         "direction": spec.direction}.items():
+                         "direction": spec.direction, "spec_hash": self.spec_hash}.items():
                 if study.user_attrs.get(k) != v:
                     study.set_user_attr(k, v)
+            if study.metric_names != ["val_bpb"]:  # the dashboard's name for the objective
+                study.set_metric_names(["val_bpb"])
         self.study = study
         return study
 
@@ -215,8 +215,10 @@ class Driver:
                     raise KeyboardInterrupt(self._stop)
                 trials = self._scan()
                 done = sum(counts(t) for t in trials)
-                running = sum(1 for t in trials if t.state.name == "RUNNING")
-                want = spec.n_trials - done - running
+                # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
+                running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get("adhoc"))
+                adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get("adhoc"))
+                want = max(spec.n_trials - done - running, adhoc)
                 while want > 0 and len(self.inflight) < self.slots() and not self._stop:
                     if self.launch_next():
                         want -= 1
@@ -306,19 +308,25 @@ class Driver:
         spec = self.spec
         config = {**spec.space.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
+        # An ad-hoc trial may bring its own budget; the pruner's rungs belong to the spec's, so it is not pruned.
+        budget_s = float(user_attrs.get(ATTR_ADHOC_BUDGET, spec.budget_s))
+        pruner = (spec.pruner.name, dict(spec.pruner.options)) if budget_s == spec.budget_s else ("none", {})
+        store = art.artifacts_url(spec.artifacts)
         task = TrialTask(
             study=spec.name, storage_url=self.worker_url, number=number, trial_id=trial_id, params=params,
-            config=config, budget_s=spec.budget_s, deadline_s=spec.deadline_s, eval_fractions=spec.eval_fractions,
-            ranks=spec.ranks, trainer=spec.trainer, stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s,
-            env=dict(spec.env), pruner=(spec.pruner.name, dict(spec.pruner.options)),
-            artifact_dir=str(artifacts_root(spec) / spec.name / str(number)),
+            config=config, budget_s=budget_s, deadline_s=spec.deadline_s - spec.budget_s + budget_s,
+            eval_fractions=spec.eval_fractions, ranks=spec.ranks, trainer=spec.trainer,
+            stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s, env=dict(spec.env), pruner=pruner,
+            artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
+            attrs={"spec_hash": self.spec_hash},
         )
         if self._remote is None:
             self._remote = ray.remote(_run_trial_task)
         ref = self._remote.options(max_retries=0, name=f"{spec.name}-trial-{number}",
                                    **spec.resources.ray_options()).remote(task)
-        self.inflight[ref] = _InFlight(number, trial_id, params, time.monotonic())
+        self.inflight[ref] = _InFlight(number, trial_id, params, time.monotonic(), deadline_s=task.deadline_s)
         note = f" (retry of trial {user_attrs['retry_of']})" if "retry_of" in user_attrs else ""
+        note += " (ad hoc)" if user_attrs.get("adhoc") else ""
         self.say(f"trial {number} started{note}: {_fmt_params(params)}")
 
     # -- waiting and results --------------------------------------------------------------------
@@ -473,8 +481,9 @@ class Driver:
         beat = t.system_attrs.get(ATTR_HEARTBEAT, started)
         spec = self.spec
         why = None
-        if wall - started > spec.deadline_s + spec.stop_grace_s + spec.stale_after_s:
-            why = (f"hard deadline {spec.deadline_s:g} s exceeded and the supervisor did not stop it; "
+        deadline_s = slot.deadline_s or spec.deadline_s
+        if wall - started > deadline_s + spec.stop_grace_s + spec.stale_after_s:
+            why = (f"hard deadline {deadline_s:g} s exceeded and the supervisor did not stop it; "
                    "Ray task cancelled")
         elif wall - max(beat, started) > spec.stale_after_s:
             why = f"heartbeat lost: none for {wall - max(beat, started):.0f} s; Ray task cancelled"
@@ -555,29 +564,31 @@ class Driver:
 
     # -- ad-hoc trials --------------------------------------------------------------------------
 
-    def run_adhoc(self, params: dict[str, Any]) -> int:
-        """Run one trial with hand-picked parameters, recorded in the study (``sweep trial``)."""
+    def run_adhoc(self, params: dict[str, Any], user_attrs: dict[str, Any] | None = None) -> Any:
+        """Run one trial with hand-picked parameters now, recorded in the study (``sweep trial --now``).
+
+        Returns the finished FrozenTrial. ``user_attrs`` (e.g. ``adhoc_budget_s``) are stored on the
+        trial before it starts and steer :meth:`submit`.
+        """
         import optuna
         from optuna.trial import TrialState
 
         point = self.spec.space.validate(params)
+        attrs = {**(user_attrs or {}), "adhoc": True}
         self.open_study()
         self.connect_ray()
         try:
             frozen = optuna.trial.create_trial(
                 state=TrialState.RUNNING, params=point, distributions=self.spec.space.distributions(point),
-                user_attrs={"adhoc": True},
-                system_attrs={ATTR_DRIVER: self.identity, ATTR_HEARTBEAT: time.time()})
+                user_attrs=attrs, system_attrs={ATTR_DRIVER: self.identity, ATTR_HEARTBEAT: time.time()})
             storage = self.study._storage
             trial_id = storage.create_new_trial(self.study._study_id, template_trial=frozen)
             number = storage.get_trial(trial_id).number
-            self.submit(number, trial_id, point, {})
+            self.submit(number, trial_id, point, attrs)
             while self.inflight:
                 self._scan()
                 self.wait_some()
-            t = storage.get_trial(trial_id)
-            self.say(json.dumps({"number": number, "state": t.state.name, "value": t.value}))
-            return 0 if t.state == TrialState.COMPLETE else 1
+            return storage.get_trial(trial_id)
         finally:
             self.shutdown()
 

@@ -96,10 +96,11 @@ def test_ad_hoc_trial_is_recorded_but_not_counted(ray_local, env_for, tmp_path, 
     url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
     env_for(url)
     path = write_spec(tmp_path, "adhoc", tiny_spec(data_cache))
-    assert cli.main(["trial", "--study", str(path), "--params", '{"depth": 1, "model_dim": 48}']) == 2
+    bad = '{"depth": 1, "model_dim": 48, "matrix_lr": 0.5}'  # off the range (missing ones would be sampled)
+    assert cli.main(["trial", "--study", str(path), "--params", bad, "--now"]) == 2
     assert "matrix_lr" in capsys.readouterr().err
     params = {"depth": 1, "model_dim": 48, "matrix_lr": 0.02}
-    assert cli.main(["trial", "--study", str(path), "--params", json.dumps(params)]) == 0
+    assert cli.main(["trial", "--study", str(path), "--params", json.dumps(params), "--now"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["state"] == "COMPLETE"
     (t,) = load_trials(url, "adhoc")

@@ -1,0 +1,271 @@
+"""Ad-hoc trials: ``sweep trial`` input checks, enqueueing for a running sweep, and a real ``ray job submit``
+to a real ``ray start --head`` on loopback with token authentication."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sweep import artifacts as art
+from sweep import cli
+from sweep import storage as st
+from sweep.driver import counts
+from tests.sweep_fixtures import (
+    ROOT,
+    load_trials,
+    pg_available,
+    pg_database,
+    run_sweep,
+    sweep_cmd,
+    sweep_env,
+    tiny_spec,
+    wait_for,
+    write_spec,
+)
+
+RAY = str(Path(sys.executable).parent / "ray")
+GOOD = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
+
+
+def _spec(tmp_path: Path, name: str, cache: str | None = None, budget_s: float = 4, **sections) -> Path:
+    trial = {"budget_s": budget_s, "startup_allowance_s": 30, "eval_timeout_s": 30, "eval_fractions": [0.5],
+             "heartbeat_s": 1, "stale_after_s": 10, "stop_grace_s": 5}
+    return write_spec(tmp_path, name, tiny_spec(cache, trial=trial, **sections))
+
+
+def _last_json(text: str) -> dict:
+    lines = [ln for ln in text.splitlines() if ln.startswith('{"number"')]
+    assert lines, text[-3000:]
+    return json.loads(lines[-1])
+
+
+# -- input checks: exit 2, one line naming the cause, nothing written --------------------------------------
+
+BAD = [
+    ({**GOOD, "depth": 3}, "depth: 3 is outside [1, 2]"),
+    ({**GOOD, "depth": "2"}, "depth: '2' is not a number"),
+    ({**GOOD, "depth": 1.5}, "depth: 1.5 is not an integer"),
+    ({**GOOD, "model_dim": 40}, "model_dim: 40 is not on the grid"),
+    ({**GOOD, "matrix_lr": True}, "matrix_lr: True is not a number"),
+    ({**GOOD, "lr": 0.1}, "lr: unknown parameter"),
+    ({**GOOD, "seq_len": 64}, "seq_len: is fixed, not a searched parameter"),
+    ({"depth": 2, "model_dim": 64}, "constraints.narrow: violated"),
+]
+
+
+@pytest.mark.parametrize(("params", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_params_exit_2_with_one_line_and_write_nothing(params, message, tmp_path, monkeypatch, capsys):
+    journal = tmp_path / "store" / "j.log"
+    monkeypatch.setenv(st.ENV_STORAGE, f"journal:{journal}")
+    monkeypatch.setenv(art.ENV_ARTIFACTS, str(tmp_path / "art"))
+    spec = _spec(tmp_path, "bad", constraints={"narrow": "depth * model_dim <= 64"})
+    assert cli.main(["trial", "--study", str(spec), "--params", json.dumps(params)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not journal.parent.exists() and not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--params", "{depth: 1}"], "--params: not JSON"),
+    (["--params", "[1, 2]"], "--params: must be a JSON object"),
+    (["--params", "@/no/such/file.json"], "--params @/no/such/file.json: cannot read"),
+    (["--params", "{}", "--budget-s", "0"], "--budget-s: must be a positive number"),
+    (["--params", "{}", "--budget-s", "nan"], "--budget-s: must be a positive number"),
+    (["--params", "{}", "--budget-s", "1"], "eval points collide"),
+    (["--params", "{}", "--now", "--no-wait"], "not allowed with argument"),
+])
+def test_bad_arguments_exit_2(args, message, tmp_path, monkeypatch, capsys):
+    journal = tmp_path / "store" / "j.log"
+    monkeypatch.setenv(st.ENV_STORAGE, f"journal:{journal}")
+    spec = write_spec(tmp_path, "args", tiny_spec(trial={"budget_s": 4, "eval_timeout_s": 30,
+                                                         "eval_fractions": [0.25, 0.5]}))
+    try:
+        rc = cli.main(["trial", "--study", str(spec), *args])
+    except SystemExit as e:  # argparse's own checks
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not journal.parent.exists()
+
+
+def test_no_wait_enqueues_partial_params_from_a_file(tmp_path, monkeypatch, capsys):
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv(st.ENV_STORAGE, url)
+    spec = _spec(tmp_path, "queue")
+    pfile = tmp_path / "p.json"
+    pfile.write_text('{"depth": 2, "model_dim": 48.0}')
+    assert cli.main(["trial", "--study", str(spec), "--params", f"@{pfile}", "--budget-s", "6", "--no-wait"]) == 0
+    printed = _last_json(capsys.readouterr().out)
+    (t,) = load_trials(url, "queue")
+    assert printed["number"] == t.number and printed["state"] == "WAITING" == t.state.name
+    fixed = t.system_attrs["fixed_params"]
+    assert fixed["depth"] == 2 and fixed["model_dim"] == 48 and isinstance(fixed["model_dim"], int)
+    assert 0.01 <= fixed["matrix_lr"] <= 0.05 and printed["params"] == fixed
+    assert t.user_attrs == {"adhoc": True, "adhoc_sampled": ["matrix_lr"], "adhoc_budget_s": 6.0}
+    assert not counts(t)
+
+
+# -- a running sweep picks an enqueued trial up ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_record(tmp_path, data_cache):
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    env = sweep_env(url, tmp_path / "art")
+    spec = _spec(tmp_path, "live", data_cache, budget_s=4, study={"n_trials": 1, "concurrency": 2, "seed": 1})
+    waiter = subprocess.Popen(sweep_cmd("trial", "--study", str(spec), "--params", json.dumps(GOOD), "--budget-s", "3"),
+                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "j.log").exists() and any(
+            t.state.name == "WAITING" for t in load_trials(url, "live")), 60, what="the enqueued trial")
+        sweep = run_sweep("run", str(spec), env=env, timeout=240)
+        assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+        out, err = waiter.communicate(timeout=60)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 0, out + err
+    assert "(ad hoc)" in sweep.stdout
+    printed = _last_json(out)
+    trials = {t.number: t for t in load_trials(url, "live")}
+    adhoc = trials[printed["number"]]
+    assert printed["state"] == "COMPLETE" and printed["params"] == GOOD and printed["val_bpb"] == adhoc.value
+    assert printed["record"]["status"] == "ok" and printed["record"]["train_seconds"] <= 3.1
+    assert adhoc.user_attrs["adhoc"] is True and adhoc.user_attrs["adhoc_budget_s"] == 3.0
+    assert sorted(adhoc.intermediate_values) == [2, 3]  # its own budget: eval at 1.5 -> 2 s, final at 3 s
+    regular = [t for t in trials.values() if not t.user_attrs.get("adhoc")]
+    assert len(regular) == 1 and sorted(regular[0].intermediate_values) == [2, 4]
+    assert sum(counts(t) for t in trials.values()) == 1
+
+
+# -- ray job submit to a real head -------------------------------------------------------------------------
+
+@dataclass
+class Head:
+    dashboard: str  # the Jobs API, http://127.0.0.1:PORT
+    env: dict[str, str]  # carries RAY_AUTH_MODE=token and RAY_AUTH_TOKEN
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_members(sid: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(d.name))
+    return pids
+
+
+def _stop_head(sid: int) -> None:
+    """Stop exactly the cluster this module started: every process in the session ``ray start`` opened.
+
+    Not ``ray stop``: it signals every Ray process on the machine, other test runs' clusters included.
+    """
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        for pid in _session_members(sid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        end = time.monotonic() + wait_s
+        while _session_members(sid) and time.monotonic() < end:
+            time.sleep(0.2)
+    assert not _session_members(sid), "ray head processes survived SIGKILL"
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    dash = _free_port()
+    cmd = [RAY, "start", "--head", "--port", str(_free_port()), "--dashboard-host", "127.0.0.1",
+           "--dashboard-port", str(dash), "--ray-client-server-port", str(_free_port()),
+           "--dashboard-agent-listen-port", str(_free_port()), "--num-cpus", "2", "--temp-dir", temp,
+           "--disable-usage-stats"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out[-4000:]
+        yield Head(f"http://127.0.0.1:{dash}", env)
+    finally:
+        _stop_head(proc.pid)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _job(head: Head, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([RAY, "job", *args, "--address", head.dashboard], env=head.env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+
+
+def _job_status(head: Head, job_id: str) -> str:
+    """The job's status as Ray's JobSubmissionClient reports it (in a process holding the token)."""
+    code = ("import sys; from ray.job_submission import JobSubmissionClient as C; "
+            "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)")
+    proc = subprocess.run([sys.executable, "-c", code, head.dashboard, job_id], env=head.env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not pg_available(), reason="PostgreSQL is not running")
+def test_ray_job_submit_runs_an_adhoc_trial_into_the_study(ray_head, tmp_path, data_cache):
+    spec = _spec(tmp_path, "jobs", data_cache, budget_s=3)
+    with pg_database() as url:
+        # What `make job` sends: Ray leaves .git out of the working dir, so the commit travels as a variable.
+        commit = _git("rev-parse", "HEAD").stdout.strip()
+        dirty = _git("diff", "--quiet", "HEAD").returncode != 0
+        runtime_env = {"env_vars": {"SWEEP_STORAGE": url, "SWEEP_ARTIFACTS": str(tmp_path / "art"),
+                                    art.ENV_GIT_COMMIT: commit + ("-dirty" if dirty else "")}}
+        submit = subprocess.run(
+            [RAY, "job", "submit", "--address", ray_head.dashboard, "--working-dir", ".",
+             "--runtime-env-json", json.dumps(runtime_env), "--",
+             sys.executable, "-m", "sweep", "trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now"],
+            env=ray_head.env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        log = submit.stdout + submit.stderr
+        assert submit.returncode == 0, log[-6000:]
+        job_id = re.search(r"raysubmit_\w+", log).group(0)
+        assert _job_status(ray_head, job_id) == "SUCCEEDED"
+        printed = _last_json(_job(ray_head, "logs", job_id).stdout)
+
+        (t,) = load_trials(url, "jobs")
+        assert t.state.name == "COMPLETE" and t.params == GOOD and t.user_attrs["adhoc"] is True
+        assert printed["number"] == t.number and printed["state"] == "COMPLETE" and printed["val_bpb"] == t.value
+        assert t.user_attrs["spec_hash"] == art.spec_hash(spec)
+        assert t.user_attrs["git_commit"] == commit and t.user_attrs["git_dirty"] is dirty
+        names = {m["filename"] for m in art.list_artifacts(t)}
+        assert names == {"config.json", "trainer.log", "events.jsonl", "result.json", "final.pt"}
+
+    # Without the token the head refuses the submission.
+    anon = {k: v for k, v in ray_head.env.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run([RAY, "job", "list", "--address", ray_head.dashboard], env={**anon, "HOME": str(tmp_path)},
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "token" in (refused.stdout + refused.stderr).lower()

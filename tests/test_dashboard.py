@@ -1,0 +1,205 @@
+"""optuna-dashboard over a real sweep: its HTTP API, trial artifacts through it, a headless Chromium, and a
+``sweep dashboard`` process that keeps the storage password to itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from sweep import artifacts as art
+from sweep import cli, dashboard
+from sweep import storage as st
+from tests.sweep_fixtures import ROOT, pg_available, pg_database, run_sweep, sweep_cmd, sweep_env, tiny_spec, write_spec
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TRIAL = {"budget_s": 3, "startup_allowance_s": 30, "eval_timeout_s": 30, "eval_fractions": [0.5], "heartbeat_s": 1,
+         "stale_after_s": 10, "stop_grace_s": 5}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, data_cache):
+    """A real two-trial sweep (local Ray, the real trainer), its journal and its artifacts."""
+    d = tmp_path_factory.mktemp("dash")
+    url = st.resolve_url(f"journal:{d / 'j.log'}")
+    spec = write_spec(d, "dash", tiny_spec(data_cache, study={"n_trials": 2, "concurrency": 2, "seed": 5},
+                                           trial=TRIAL))
+    proc = run_sweep("run", str(spec), env=sweep_env(url, d / "art"), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return SimpleNamespace(url=url, art=str(d / "art"), spec=spec, name="dash", dir=d)
+
+
+@pytest.fixture(scope="module")
+def server(swept):
+    with dashboard.running(swept.url, swept.art) as base:
+        yield base
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _json(url: str) -> dict:
+    status, body = _get(url)
+    assert status == 200, (url, status, body[:500])
+    return json.loads(body)
+
+
+def _study_id(base: str, name: str) -> int:
+    (s,) = [s for s in _json(f"{base}/api/studies")["study_summaries"] if s["study_name"] == name]
+    return s["study_id"]
+
+
+def _attrs(trial: dict) -> dict:
+    return {a["key"]: a["value"] for a in trial["user_attrs"]}
+
+
+def test_api_lists_the_study_its_trials_and_their_learning_curves(swept, server):
+    sid = _study_id(server, swept.name)
+    detail = _json(f"{server}/api/studies/{sid}")
+    assert detail["objective_names"] == ["val_bpb"]
+    trials = detail["trials"]
+    assert [t["number"] for t in trials] == [0, 1] and {t["state"] for t in trials} == {"Complete"}
+    for t in trials:
+        curve = {p["step"]: p["value"] for p in t["intermediate_values"]}
+        assert sorted(curve) == [2, 3]  # charged seconds: the eval at 1.5 s -> 2, the final value at 3
+        assert curve[3] == t["values"][0]
+        attrs = _attrs(t)
+        for key in ("git_commit", "spec_hash", "tokens_per_second", "steps", "startup_seconds", "train_seconds",
+                    "device", "val_bpb"):
+            assert key in attrs, key
+        assert attrs["spec_hash"] == art.spec_hash(swept.spec)
+        assert re.fullmatch(r"[0-9a-f]{40}", attrs["git_commit"])
+        assert {p["name"] for p in t["params"]} == {"depth", "model_dim", "matrix_lr"}
+    assert _get(f"{server}/api/studies/{sid}/param_importances")[0] == 200
+    status, body = _get(f"{server}/api/studies/{sid}/plot/slice")  # drawn by plotly on the server
+    assert status == 200 and b"data" in body
+
+
+def test_trial_artifacts_are_listed_and_downloadable(swept, server):
+    sid = _study_id(server, swept.name)
+    trials = _json(f"{server}/api/studies/{sid}")["trials"]
+    best = min(trials, key=lambda t: t["values"][0])
+    for t in trials:
+        metas = {a["filename"]: a for a in t["artifacts"]}
+        assert {"config.json", "trainer.log", "events.jsonl", "result.json"} <= set(metas)
+        work = Path(swept.art) / swept.name / str(t["number"])
+        for name, meta in metas.items():
+            status, body = _get(f"{server}/artifacts/{sid}/{t['trial_id']}/{meta['artifact_id']}")
+            assert status == 200, name
+            assert body == (work / name).read_bytes(), name
+        result = json.loads(_get(f"{server}/artifacts/{sid}/{t['trial_id']}/{metas['result.json']['artifact_id']}")[1])
+        assert result["status"] == "ok" and result["val_bpb"] == t["values"][0]
+        if t is best:
+            assert "final.pt" in metas  # the study's best trial always carries its checkpoint
+    assert _get(f"{server}/artifacts/{sid}/{trials[0]['trial_id']}/00000000-0000-0000-0000-000000000000")[0] == 404
+
+
+def _chromium(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000",
+                           f"--user-data-dir={tmp_path / 'chromium'}", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _text(html: str) -> str:
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                    reason="no chromium here (apt-get install chromium); CI must have it")
+def test_headless_chromium_renders_the_study_and_its_trials(swept, server, tmp_path):
+    sid = _study_id(server, swept.name)
+    page = _chromium("--dump-dom", f"{server}/dashboard/studies/{sid}/trials", tmp_path=tmp_path)
+    assert page.returncode == 0, page.stderr[-2000:]
+    text = _text(page.stdout)
+    assert f"{swept.name} (id={sid})" in text
+    assert "Trial 0" in text and "Trial 1" in text
+    for word in ("Intermediate Values", "git_commit", "spec_hash", "tokens_per_second", "result.json", "trainer.log"):
+        assert word in text, word
+
+    overview = _text(_chromium("--dump-dom", f"{server}/dashboard/studies/{sid}", tmp_path=tmp_path).stdout)
+    assert "val_bpb" in overview and "Best Trial" in overview
+
+    shots = ROOT / "runs"
+    shots.mkdir(exist_ok=True)
+    for suffix, path in (("", f"/dashboard/studies/{sid}"), ("-trials", f"/dashboard/studies/{sid}/trials")):
+        png = shots / f"dashboard-{swept.name}{suffix}.png"
+        png.unlink(missing_ok=True)
+        shot = _chromium(f"--screenshot={png}", "--window-size=1400,1000", f"{server}{path}", tmp_path=tmp_path)
+        assert shot.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
+        assert png.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not pg_available(), reason="PostgreSQL is not running")
+def test_dashboard_command_never_shows_the_storage_password(tmp_path):
+    secret = "pw-" + os.urandom(6).hex()
+    spec = write_spec(tmp_path, "secret", tiny_spec(trial=TRIAL))
+    with pg_database(password=secret) as url:  # the server trusts local connections: any password works
+        study = optuna.create_study(study_name="secret", storage=st.open_storage(url))
+        study.add_trial(optuna.trial.create_trial(value=1.5, intermediate_values={1: 2.0, 3: 1.5}))
+        port = _free_port()
+        env = sweep_env(url, tmp_path / "art")
+        proc = subprocess.Popen(sweep_cmd("dashboard", str(spec), "--port", str(port)), env=env, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = proc.stdout.readline()
+            assert first.startswith(f"optuna-dashboard: http://127.0.0.1:{port}/dashboard/studies/"), first
+            base = f"http://127.0.0.1:{port}"
+            sid = int(first.strip().rsplit("/", 1)[1])
+            assert [t["number"] for t in _json(f"{base}/api/studies/{sid}")["trials"]] == [0]
+            assert _get(f"{base}/api/studies/{sid + 1000}")[0] == 404
+            assert _get(f"{base}/api/studies/{sid}/plot/nosuchplot")[0] == 404
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert secret not in first + out + err
+    assert "postgres:***@" in out
+    assert f"GET /api/studies/{sid}" in err  # the access log went through the scrubbed stream
+
+
+def test_a_busy_port_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(st.ENV_STORAGE, f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv(art.ENV_ARTIFACTS, str(tmp_path / "art"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert cli.main(["dashboard", "--port", str(s.getsockname()[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot listen" in err and "--port" in err
+
+
+def test_scrubbed_stream_drops_every_form_of_the_password():
+    import io
+
+    url = "postgresql+psycopg2://u:p%40ss%2Fw@db/x"
+    sink = io.StringIO()
+    stream = dashboard._Scrubbed(sink, url)
+    stream.write("connect p@ss/w failed; url p%40ss%2Fw\n")
+    assert "p@ss/w" not in sink.getvalue() and "p%40ss%2Fw" not in sink.getvalue()
+
