@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test sweep bench lint dashboard status best clean
+.PHONY: install system-deps test sweep bench lint dashboard job status best clean
 
 install: $(STAMP)
 
@@ -37,6 +37,24 @@ test: $(STAMP) system-deps
 sweep: $(STAMP)
 	$(PY) -m infra cost $(STUDY) --check
 	$(PY) -m infra with-db -- $(PY) -m sweep run $(STUDY)
+
+# optuna-dashboard on the study's storage, at http://127.0.0.1:8080 (ssh -L from a laptop on a cluster).
+dashboard: $(STAMP)
+	$(PY) -m infra with-db -- $(PY) -m sweep dashboard $(STUDY)
+
+# The commit of the code shipped to the cluster (Ray leaves .git out of a job's working dir).
+GIT_COMMIT = $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD || c=$$c-dirty; echo $$c; })
+
+# One ad-hoc trial on a running Ray head, recorded in STUDY: make job STUDY=phase1 PARAMS='{"depth": 12}'
+# [BUDGET=seconds] [NOW=1: run it at once rather than in a running sweep's next free slot].
+# The head: RAY_API_SERVER_ADDRESS (or RAY_ADDRESS) = http://HEAD:8265; with token auth, its token in
+# ~/.ray/auth_token or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token.
+job: $(STAMP)
+	@test -n '$(PARAMS)' || { echo "make job: PARAMS='{...}' is required" >&2; exit 2; }
+	$(VENV)/bin/ray job submit --working-dir . \
+	  --runtime-env-json '{"env_vars": {"SWEEP_GIT_COMMIT": "$(GIT_COMMIT)"}}' \
+	  -- python -m sweep trial --study $(STUDY) --params '$(PARAMS)' \
+	  $(if $(BUDGET),--budget-s $(BUDGET)) $(if $(NOW),--now)
 
 status: $(STAMP)
 	$(PY) -m sweep status $(STUDY)
