@@ -1,4 +1,4 @@
-"""``python -m sweep run|status|best|trial|dashboard``: the sweep's command line.
+"""``python -m sweep run|status|best|trial|dashboard|precompile``: the sweep's command line.
 
 Exit codes follow DESIGN.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts
+from sweep import artifacts, precompile
 from sweep import storage as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "SWEEP_STORAGE and SWEEP_ARTIFACTS, else runs/")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: no authentication)")
     d.add_argument("--port", type=int, default=8080)
+    precompile.add_parser(sub)
     return p
 
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return Driver(spec, out=out).run()
         if args.command == "trial":
             return _trial(spec, url, args, out)
+        if args.command == "precompile":
+            return precompile.main(spec, url, args, out)
         study = _load_study(spec, url)
         if args.command == "status":
             return _status(study, spec, args.json, out)
