@@ -281,6 +281,7 @@ class Driver:
 
         study, spec = self.study, self.spec
         trial = st.retry(study.ask, what="ask", url=self.url)
+        self._seed_sampler(trial.number)
         storage = study._storage
         storage.set_trial_system_attr(trial._trial_id, ATTR_DRIVER, self.identity)
         storage.set_trial_system_attr(trial._trial_id, ATTR_HEARTBEAT, time.time())
@@ -301,6 +302,19 @@ class Driver:
         self._rejects = 0
         self.submit(trial.number, trial._trial_id, params, trial.user_attrs)
         return True
+
+    def _seed_sampler(self, number: int) -> None:
+        """Seed a seeded sampler afresh for each trial from the study's seed and the trial's number.
+
+        Numbers are unique in a study, so two drivers running the same seeded spec at once (or a
+        resumed one) never draw the same stream and never propose the same points, and one driver
+        alone stays reproducible. Relative samplers (GP, CMA-ES, multivariate TPE) draw inside
+        ``ask``, before the number is known: for them this separates only the later draws.
+        """
+        sampler = self.spec.sampler
+        if "seed" in sampler.options:
+            seeded = type(sampler)(sampler.name, {**sampler.options, "seed": sampler.options["seed"] + number})
+            self.study.sampler = build_sampler(seeded)
 
     def submit(self, number: int, trial_id: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
         import ray

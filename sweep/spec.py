@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep import expr
+from sweep.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
 from sweep.space import Param, SearchSpace, SpaceError
 
 STUDIES_DIR = Path(__file__).resolve().parent / "studies"
@@ -214,6 +215,10 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         if not isinstance(v, (str, int, float)) or isinstance(v, bool):
             raise r.error(f"trial.env.{k}", "must be a string or number")
         env[k] = str(v)
+    try:
+        memory_limit_bytes(env)
+    except LimitError as e:
+        raise r.error(f"trial.env.{ENV_MEMORY_MB}", str(e).split(": ", 1)[-1]) from None
     res = r.table(trial.get("resources", {}), "trial.resources", {"num_cpus", "num_gpus", "neuron_cores"})
     resources = Resources(
         num_cpus=r.number(res, "trial.resources.num_cpus", low=0, default=1.0),

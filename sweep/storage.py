@@ -337,9 +337,13 @@ def _open(url: str, role: str) -> Any:
         # A worker's single connection must suffice: the schema check takes a second one, and the
         # driver has already created the tables and checked their version.
         skip = role in ("worker", "proxy")
-        storage = retry(lambda: optuna.storages.RDBStorage(url, engine_kwargs=kwargs, skip_compatibility_check=skip,
-                                                           skip_table_creation=skip),
-                        what="connect", url=url)
+
+        def connect() -> Any:
+            with contextlib.nullcontext() if skip else _schema_lock(url):
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, skip_compatibility_check=skip,
+                                                  skip_table_creation=skip)
+
+        storage = retry(connect, what="connect", url=url)
     except Exception as e:
         if is_transient(e):
             raise
@@ -347,6 +351,29 @@ def _open(url: str, role: str) -> Any:
     if role == "driver":
         ensure_indexes(storage, url)
     return storage
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str) -> Any:
+    """Serialise Optuna's schema creation between processes (two drivers starting on a fresh database
+    race on CREATE TYPE and one of them fails); a PostgreSQL advisory lock on its own connection."""
+    if not url.startswith("postgresql"):
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=dict(_PG_CONNECT_ARGS))
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext('trnsweep:schema'))"))
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(hashtext('trnsweep:schema'))"))
+    finally:
+        engine.dispose()
 
 
 # Indexes Optuna's schema lacks for the queries a sweep repeats (see bench/storage_load.py): the

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ from typing import IO, Any
 from sweep import artifacts
 from sweep import storage as st
 from sweep.artifacts import code_version
+from sweep.limits import is_oom, preexec
 from sweep.reaper import TOKEN_VAR, kill_trial
 
 log = logging.getLogger("sweep.worker")
@@ -230,13 +232,14 @@ class Supervisor:
         self._lost = threading.Event()
         self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.reaper
         self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
+        self.artifacts_error: str | None = None  # why the trial's files are not where the spec said
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
         task = self.task
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        self._usable_artifact_dir()
         config_path = self.artifact_dir / "config.json"
         config_path.write_text(json.dumps(task.config, indent=1, sort_keys=True) + "\n")
         stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
@@ -249,7 +252,7 @@ class Supervisor:
         launched = time.monotonic()
         deadline = launched + task.deadline_s
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                                     cwd=REPO_ROOT, env=env, start_new_session=True)
+                                     cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env))
         self.marks["launched"] = time.monotonic()
         self._start_reaper(self.launch_unix + task.deadline_s + task.stop_grace_s + 30)
         self.marks["reaper"] = time.monotonic()
@@ -274,8 +277,11 @@ class Supervisor:
             if killed_at is not None and time.monotonic() > killed_at + 10:
                 break  # something outside the group holds stdout open; stop waiting for EOF
             if line:
-                events.write(line.decode("utf-8", "replace"))
-                events.flush()
+                try:
+                    events.write(line.decode("utf-8", "replace"))
+                    events.flush()
+                except OSError as e:  # a disk that fills up mid-trial costs the event log, not the trial
+                    self.artifacts_error = self.artifacts_error or f"events.jsonl: {e.strerror or e}"
                 if self._handle(line) and kill_at is None:
                     self._signal(signal.SIGTERM)
                     self._pruned_at = time.monotonic()
@@ -297,6 +303,27 @@ class Supervisor:
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
         self.marks["reaped"] = time.monotonic()
         return self._outcome(returncode)
+
+    def _usable_artifact_dir(self) -> None:
+        """Make the trial's working directory, or a scratch one where it cannot be written.
+
+        A full artifacts disk must not fail every trial within seconds, using up the study's
+        n_trials: the trainer then runs in a directory under the system's temporary directory and
+        the trial records why (``artifacts_error``).
+        """
+        probe = self.artifact_dir / ".writable"
+        try:
+            self.artifact_dir.mkdir(parents=True, exist_ok=True)
+            with open(probe, "wb") as f:  # a full disk refuses this; a nearly full one takes a trial's logs
+                f.write(bytes(65536))
+            probe.unlink()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            self.artifacts_error = f"{self.artifact_dir}: {e.strerror or e}"
+            self.artifact_dir = Path(tempfile.mkdtemp(prefix=f"sweep-{self.task.study}-{self.task.number}-"))
+            log.warning("trial %d: %s; working in %s instead", self.task.number, self.artifacts_error,
+                        self.artifact_dir)
 
     def close(self) -> None:
         """Always runs: no process of the group survives, the reaper stands down, files close."""
@@ -434,7 +461,7 @@ class Supervisor:
             out.reason = f"{status}: {rec.get('reason') or 'no reason given'}"
         elif status == "failed":
             reason = str(rec.get("reason") or tail or "no reason given")
-            out.fail_kind = "oom" if "out of memory" in reason.lower() or "oom" in reason.lower().split() else "failed"
+            out.fail_kind = "oom" if is_oom(reason) else "failed"
             out.reason = f"trainer failed: {reason}"
         elif status == "stopped":
             out.fail_kind, out.reason = "lost", "trainer stopped by a signal the supervisor did not send"
@@ -470,6 +497,8 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
     attrs: dict[str, Any] = dict(out.record or {})
     attrs["record_fields"] = sorted(out.record or {})
     attrs["artifacts"] = str(sup.artifact_dir)
+    if sup.artifacts_error:
+        attrs["artifacts_error"] = sup.artifacts_error
     attrs["supervisor_seconds"] = _phases(sup.marks, t0)
     attrs.update(task.attrs)
     attrs.update(version or {})

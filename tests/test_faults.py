@@ -1,0 +1,533 @@
+"""The fault suite: faults injected into real sweeps (real PostgreSQL, a real local Ray, the real trainer).
+
+Every fault ends with the same checks (:func:`settle`): every trial finished before the fault is still
+there with its state and value, no trial number was run twice (one trainer start per number) and
+none is left RUNNING or WAITING, every retryable failure has its retry, the study holds the
+requested number of counted trials, no trainer process of the sweep is left, and every Ray CPU is
+free again. Each test adds a row (fault, outcome, trials lost, time to recover) to the table the
+session prints at its end (and writes to ``$FAULTS_REPORT`` when set).
+
+The default run is short (2 trials of 3 s per sweep); ``FAULTS_FULL=1`` runs longer budgets and
+more trials. ``make faults`` runs only this module (``-m faults``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from sweep import storage as st
+from sweep.driver import Driver, counts, needs_retry
+from sweep.spec import load
+from tests.sweep_fixtures import (
+    PG_ADMIN,
+    ROOT,
+    load_trials,
+    pg_available,
+    processes_with,
+    sweep_cmd,
+    sweep_env,
+    tiny_spec,
+    wait_for,
+    write_spec,
+)
+
+FULL = os.environ.get("FAULTS_FULL", "") not in ("", "0")
+N_TRIALS = 4 if FULL else 2
+BUDGET_S = 8 if FULL else 3
+TRIAL = {"budget_s": BUDGET_S, "startup_allowance_s": 30, "eval_timeout_s": 20, "eval_fractions": [0.5],
+         "heartbeat_s": 1, "stale_after_s": 8, "stop_grace_s": 3}
+HEALTHY = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
+PG_CLUSTER = ("15", "main")
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow,
+              pytest.mark.skipif(not pg_available(), reason="PostgreSQL on 127.0.0.1:5432 is not running")]
+
+ROWS: list[dict[str, Any]] = []
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    head = ("fault", "outcome", "trials lost", "time to recover")
+    body = [(r["fault"], r["outcome"], str(r["lost"]),
+             "-" if r.get("recover_s") is None else f"{r['recover_s']:.1f} s") for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(4)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*b) for b in body)]
+
+
+class _FaultTable:
+    """A plugin registered by the module fixture: prints the table in pytest's terminal summary."""
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if ROWS:
+            terminalreporter.section(f"fault suite ({'full' if FULL else 'short'})")
+            for line in table_lines(ROWS):
+                terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_table(request: pytest.FixtureRequest) -> Iterator[None]:
+    name = "trnsweep-fault-table"
+    if not request.config.pluginmanager.has_plugin(name):
+        request.config.pluginmanager.register(_FaultTable(), name)
+    yield
+    report = os.environ.get("FAULTS_REPORT")
+    if report and ROWS:
+        Path(report).write_text("\n".join(table_lines(ROWS)) + "\n")
+
+
+def record(fault: str, outcome: str, lost: int, recover_s: float | None) -> None:
+    ROWS.append({"fault": fault, "outcome": outcome, "lost": lost, "recover_s": recover_s})
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """One local Ray for the module; in-process drivers use it, subprocess drivers join it by address."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
+             namespace="sweep-faults")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A throwaway database, dropped over a fresh connection (a restarted server closes old ones)."""
+    name = f"sweep_faults_{uuid.uuid4().hex[:12]}"
+    _admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg2://{PG_ADMIN['user']}@{PG_ADMIN['host']}:{PG_ADMIN['port']}/{name}"
+    finally:
+        wait_for(lambda: _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'), 60, what="the database dropped")
+
+
+def _admin(sql: str) -> bool:
+    import psycopg2
+
+    try:
+        conn = psycopg2.connect(connect_timeout=3, **PG_ADMIN)
+    except psycopg2.OperationalError:
+        return False
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
+    return True
+
+
+@dataclass
+class Sweep:
+    name: str
+    url: str
+    art: Path
+    spec: Path
+    n_trials: int
+    log: str = ""
+
+
+@pytest.fixture
+def make_sweep(tmp_path: Path, pg_url: str, data_cache: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Sweep]:
+    """A spec and a store for one faulted sweep; this process's environment points at them."""
+
+    def make(name: str, n_trials: int = N_TRIALS, concurrency: int = 2, trial: dict[str, Any] | None = None,
+             fault_param: bool = False, **sections: Any) -> Sweep:
+        art = tmp_path / "art"
+        art.mkdir(exist_ok=True)
+        extra = dict(sections)
+        if fault_param:  # enqueued points pick the trainer's test-only fault; the sampler never runs
+            extra["params.fault"] = {"type": "categorical", "choices": ["", "hang", "diverge", "oom"]}
+            extra.setdefault("fixed", {**tiny_spec(data_cache)["fixed"], "fault_step": 3})
+        spec = write_spec(tmp_path, name, tiny_spec(
+            data_cache, study={"n_trials": n_trials, "concurrency": concurrency, "seed": 0},
+            trial={**TRIAL, **(trial or {})}, **extra))
+        monkeypatch.setenv(st.ENV_STORAGE, pg_url)
+        monkeypatch.setenv("SWEEP_ARTIFACTS", str(art))
+        monkeypatch.delenv(st.ENV_PROXY, raising=False)
+        return Sweep(name, pg_url, art, spec, n_trials)
+
+    return make
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def trials_of(sw: Sweep) -> list[Any]:
+    try:
+        return st.retry(lambda: load_trials(sw.url, sw.name), what="read trials")
+    except KeyError:
+        return []
+
+
+def snapshot(sw: Sweep) -> dict[int, tuple[str, float | None]]:
+    """Finished trials as they are now: what must survive the fault unchanged."""
+    return {t.number: (t.state.name, t.value) for t in trials_of(sw) if t.state.is_finished()}
+
+
+def events_file(sw: Sweep, number: int) -> Path:
+    return sw.art / sw.name / str(number) / "events.jsonl"
+
+
+def stepping(sw: Sweep, number: int) -> bool:
+    f = events_file(sw, number)
+    return f.exists() and '"event": "step"' in f.read_text(errors="replace")
+
+
+def trainer_pids(sw: Sweep, number: int | None = None) -> list[int]:
+    """Live trainer processes of this sweep (of one trial number when given)."""
+    marker = f"/{sw.name}/{number}/" if number is not None else sw.name
+    pids = []
+    for pid in processes_with(marker):
+        with contextlib.suppress(OSError):
+            if "model.train" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                pids.append(pid)
+    return pids
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def starts(sw: Sweep, number: int) -> int:
+    """How many times a trainer started under this trial number (its event log is appended to)."""
+    f = events_file(sw, number)
+    return f.read_text(errors="replace").count('"event": "start"') if f.exists() else 0
+
+
+def outcome_text(trials: list[Any]) -> str:
+    parts = []
+    for t in trials:
+        kind = t.user_attrs.get("fail_kind")
+        s = f"{t.number} {t.state.name}" + (f" ({kind})" if kind else "")
+        if "retry_of" in t.user_attrs:
+            s += f" retry of {t.user_attrs['retry_of']}"
+        parts.append(s)
+    return "; ".join(parts)
+
+
+def stamp(dt: Any) -> float | None:
+    return dt.timestamp() if dt is not None else None
+
+
+def run_driver(sw: Sweep, inject: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the sweep's driver in this process (Ray from the module fixture) while ``inject`` runs beside it."""
+    got: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            got.update(inject() if inject else {})
+        except BaseException as e:  # surfaced after the driver returns
+            errors.append(e)
+
+    th = threading.Thread(target=body, daemon=True)
+    th.start()
+    out = io.StringIO()
+    rc = Driver(load(sw.spec), out=out, poll_s=0.5).run()
+    th.join(timeout=180)
+    sw.log = out.getvalue()
+    if errors:
+        raise errors[0]
+    assert rc == 0, sw.log
+    return got
+
+
+def start_driver(sw: Sweep, address: str, log: Path) -> subprocess.Popen[bytes]:
+    """A driver in its own process, joined to the module's Ray (as on a cluster)."""
+    env = sweep_env(sw.url, sw.art, RAY_ADDRESS=address)
+    return subprocess.Popen(sweep_cmd("run", str(sw.spec)), env=env, cwd=ROOT, stdout=open(log, "wb"),  # noqa: SIM115
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], overshoot: int = 0) -> dict[str, Any]:
+    """The checks every fault ends with; returns the trials and the number lost (asserted to be 0)."""
+    import ray
+
+    trials = trials_of(sw)
+    by_number = {t.number: t for t in trials}
+    assert [t.number for t in trials] == list(range(len(trials))), "trial numbers must be unique and contiguous"
+    changed = [n for n, (state, value) in before.items()
+               if n not in by_number or (by_number[n].state.name, by_number[n].value) != (state, value)]
+    unfinished = [t.number for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    unretried = [t.number for t in trials if needs_retry(t) and t.number not in retried]
+    twice = [t.number for t in trials if starts(sw, t.number) > 1]
+    no_value = [t.number for t in trials if t.state.name == "COMPLETE" and not isinstance(t.value, float)]
+    lost = len(set(changed) | set(unfinished) | set(unretried) | set(twice) | set(no_value))
+    detail = f"{outcome_text(trials)}\n{sw.log[-3000:]}"
+    assert not changed, f"finished trials changed or vanished: {changed}\n{detail}"
+    assert not unfinished, f"trials left unfinished: {unfinished}\n{detail}"
+    assert not unretried, f"retryable failures without a retry: {unretried}\n{detail}"
+    assert not twice, f"trial numbers whose trainer ran twice: {twice}\n{detail}"
+    assert not no_value, f"COMPLETE trials without a value: {no_value}\n{detail}"
+    for t in trials:  # a retry runs the very same point (one lost before its parameters were drawn draws anew)
+        if "retry_of" in t.user_attrs:
+            original = by_number[t.user_attrs["retry_of"]]
+            assert not original.params or t.params == original.params, detail
+    done = sum(counts(t) for t in trials)
+    assert sw.n_trials <= done <= sw.n_trials + overshoot, f"{done} counted trials, wanted {sw.n_trials}\n{detail}"
+    wait_for(lambda: not trainer_pids(sw), 30, what="every trainer process of the sweep to be gone")
+    if ray.is_initialized():
+        wait_for(lambda: ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0), 30,
+                 what="every Ray CPU to be free")
+    return {"trials": trials, "lost": lost, "done": done, "by_number": by_number}
+
+
+def enqueue(sw: Sweep, *points: dict[str, Any]) -> None:
+    study = optuna.create_study(study_name=sw.name, storage=st.open_storage(sw.url), load_if_exists=True)
+    for p in points:
+        study.enqueue_trial(p)
+
+
+# -- the faults ------------------------------------------------------------------------------------
+
+
+def test_sigkill_of_a_trainer(ray_cluster, make_sweep):
+    sw = make_sweep("f_trainer_kill")
+
+    def inject() -> dict[str, Any]:
+        wait_for(lambda: stepping(sw, 0), 120, what="trial 0 training")
+        before = snapshot(sw)
+        (pid,) = wait_for(lambda: trainer_pids(sw, 0), 10, what="trial 0's trainer")
+        t = time.time()
+        os.kill(pid, signal.SIGKILL)
+        return {"t": t, "before": before}
+
+    got = run_driver(sw, inject)
+    res = settle(sw, got["before"])
+    failed = res["by_number"][0]
+    assert failed.state.name == "FAIL" and failed.user_attrs["fail_kind"] == "crash", outcome_text(res["trials"])
+    assert "SIGKILL" in failed.user_attrs["fail_reason"]
+    (retry,) = [t for t in res["trials"] if t.user_attrs.get("retry_of") == 0]
+    assert retry.state.name == "COMPLETE"
+    record("SIGKILL trainer", outcome_text(res["trials"]), res["lost"], stamp(retry.datetime_start) - got["t"])
+
+
+def test_sigkill_of_a_ray_worker(ray_cluster, make_sweep):
+    sw = make_sweep("f_worker_kill")
+
+    def inject() -> dict[str, Any]:
+        wait_for(lambda: stepping(sw, 0), 120, what="trial 0 training")
+        before = snapshot(sw)
+        (trainer,) = wait_for(lambda: trainer_pids(sw, 0), 10, what="trial 0's trainer")
+        worker = parent_of(trainer)  # the supervisor: the Ray worker process running the trial's task
+        assert "ray::" in Path(f"/proc/{worker}/cmdline").read_bytes().decode(errors="replace")
+        t = time.time()
+        os.kill(worker, signal.SIGKILL)
+        # The reaper, not the dead supervisor, must take the trainer down.
+        wait_for(lambda: not alive(trainer), 30, what="the orphaned trainer to be reaped")
+        return {"t": t, "before": before, "reaped_s": time.time() - t}
+
+    got = run_driver(sw, inject)
+    res = settle(sw, got["before"])
+    failed = res["by_number"][0]
+    assert failed.state.name == "FAIL" and failed.user_attrs["fail_kind"] == "lost", outcome_text(res["trials"])
+    (retry,) = [t for t in res["trials"] if t.user_attrs.get("retry_of") == 0]
+    assert retry.state.name == "COMPLETE"
+    record("SIGKILL Ray worker", outcome_text(res["trials"]) + f"; trainer reaped in {got['reaped_s']:.1f} s",
+           res["lost"], stamp(retry.datetime_start) - got["t"])
+
+
+def test_sigkill_of_the_driver_then_resume(ray_cluster, make_sweep, tmp_path):
+    sw = make_sweep("f_driver_kill", n_trials=N_TRIALS + 1)
+    first = start_driver(sw, ray_cluster, tmp_path / "first.log")
+    try:
+        def ready() -> bool:
+            ts = trials_of(sw)
+            running = [t.number for t in ts if t.state.name == "RUNNING"]
+            return any(t.state.name == "COMPLETE" for t in ts) and any(stepping(sw, n) for n in running)
+
+        wait_for(ready, 180, interval=0.3, what="one complete and one training trial")
+        before = snapshot(sw)
+        t_kill = time.time()
+        os.kill(first.pid, signal.SIGKILL)  # the driver alone: Ray ends its job's tasks, reapers their trainers
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    running_before = [t.number for t in trials_of(sw) if t.state.name == "RUNNING"]
+    wait_for(lambda: not trainer_pids(sw), 60, what="the dead driver's trainers to be reaped")
+    second = start_driver(sw, ray_cluster, tmp_path / "second.log")
+    assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()
+    sw.log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
+    res = settle(sw, before)
+    lost = {t.number for t in res["trials"] if t.user_attrs.get("fail_kind") == "lost"}
+    assert lost >= set(running_before), outcome_text(res["trials"])
+    later = [stamp(t.datetime_start) for t in res["trials"] if t.number not in before and t.number not in lost
+             and t.datetime_start is not None and stamp(t.datetime_start) > t_kill]
+    record("SIGKILL driver, resume", outcome_text(res["trials"]), res["lost"], min(later) - t_kill if later else None)
+
+
+def _pg_ctl_available() -> bool:
+    return shutil.which("pg_ctlcluster") is not None and os.geteuid() == 0
+
+
+@pytest.mark.skipif(not _pg_ctl_available(), reason="needs root and pg_ctlcluster to restart PostgreSQL")
+def test_postgres_restart_mid_sweep(ray_cluster, make_sweep):
+    sw = make_sweep("f_pg_restart")
+
+    def inject() -> dict[str, Any]:
+        wait_for(lambda: stepping(sw, 0) and stepping(sw, 1), 120, what="both trials training")
+        before = snapshot(sw)
+        t0 = time.time()
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "restart"], check=True,
+                       timeout=120, capture_output=True)
+        t1 = time.time()
+
+        def fresh_write() -> float | None:
+            """When the sweep wrote to the store again: a heartbeat, a start or an end after the restart
+            (or, if every trial ended before it, the first successful read)."""
+            with contextlib.suppress(Exception):
+                ts = load_trials(sw.url, sw.name)
+                stamps = [t.system_attrs.get("sweep:heartbeat", 0) for t in ts]
+                stamps += [stamp(t.datetime_complete) or 0 for t in ts] + [stamp(t.datetime_start) or 0 for t in ts]
+                if max(stamps) > t1:
+                    return min(x for x in stamps if x > t1)
+                if all(t.state.is_finished() for t in ts):
+                    return time.time()
+            return None
+
+        back = wait_for(fresh_write, 90, interval=0.2, what="a write to the store after the restart")
+        return {"before": before, "recover_s": back - t0, "outage_s": t1 - t0}
+
+    got = run_driver(sw, inject)
+    res = settle(sw, got["before"])
+    assert [t.state.name for t in res["trials"]] == ["COMPLETE"] * len(res["trials"]), outcome_text(res["trials"])
+    record("PostgreSQL restart", outcome_text(res["trials"]) + f"; restart took {got['outage_s']:.1f} s",
+           res["lost"], got["recover_s"])
+
+
+def _trainer_fault(make_sweep: Callable[..., Sweep], name: str, fault: str, **kw: Any) -> tuple[Sweep, dict[str, Any]]:
+    """A sweep whose trial 0 runs the trainer's ``fault`` at step 3 while trial 1 trains normally."""
+    sw = make_sweep(name, fault_param=True, **kw)
+    enqueue(sw, {**HEALTHY, "fault": fault}, {**HEALTHY, "fault": ""},
+            *({**HEALTHY, "fault": "", "depth": 2} for _ in range(sw.n_trials - 2)))
+    run_driver(sw)
+    res = settle(sw, {})
+    return sw, res
+
+
+def _since_last_event(sw: Sweep, t: Any) -> float | None:
+    """From the faulted trainer's last sign of life (its last event) to the trial's recorded end."""
+    f = events_file(sw, t.number)
+    if not f.exists() or t.datetime_complete is None:
+        return None
+    return stamp(t.datetime_complete) - f.stat().st_mtime
+
+
+def test_hung_trainer(ray_cluster, make_sweep):
+    # A short hard deadline (budget + 15 s start-up + 8 s eval): the hung trainer ignores SIGTERM.
+    sw, res = _trainer_fault(make_sweep, "f_hang", "hang", trial={"startup_allowance_s": 15, "eval_timeout_s": 8})
+    hung = res["by_number"][0]
+    assert hung.state.name == "FAIL" and hung.user_attrs["fail_kind"] == "deadline", outcome_text(res["trials"])
+    assert all(t.state.name == "COMPLETE" for t in res["trials"][1:]), outcome_text(res["trials"])
+    assert not any("retry_of" in t.user_attrs for t in res["trials"])
+    record("hung trainer", outcome_text(res["trials"]), res["lost"], _since_last_event(sw, hung))
+
+
+def test_diverging_trainer(ray_cluster, make_sweep):
+    sw, res = _trainer_fault(make_sweep, "f_diverge", "diverge")
+    bad = res["by_number"][0]
+    assert bad.state.name == "PRUNED" and bad.user_attrs["fail_kind"] == "diverged", outcome_text(res["trials"])
+    assert all(t.state.name == "COMPLETE" for t in res["trials"][1:]), outcome_text(res["trials"])
+    record("diverging trainer", outcome_text(res["trials"]), res["lost"], _since_last_event(sw, bad))
+
+
+def test_out_of_memory_trainer(ray_cluster, make_sweep):
+    # Every trainer of the sweep gets a 3 GiB address space (RLIMIT_AS, sweep.limits): the healthy one
+    # trains within it, the faulty one allocates until the allocator refuses.
+    sw, res = _trainer_fault(make_sweep, "f_oom", "oom", **{"trial.env": {"SWEEP_TRIAL_MEMORY_MB": "3072"}})
+    bad = res["by_number"][0]
+    assert bad.state.name == "FAIL" and bad.user_attrs["fail_kind"] == "oom", outcome_text(res["trials"])
+    assert all(t.state.name == "COMPLETE" for t in res["trials"][1:]), outcome_text(res["trials"])
+    record("out-of-memory trainer", outcome_text(res["trials"]), res["lost"], _since_last_event(sw, bad))
+
+
+@contextlib.contextmanager
+def full_disk(path: Path) -> Iterator[None]:
+    """A 64 KiB tmpfs on ``path``, filled up; skips where mounting is not allowed."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        with contextlib.suppress(OSError), open(path / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_full_artifacts_disk(ray_cluster, make_sweep):
+    sw = make_sweep("f_disk_full")
+    with full_disk(sw.art):
+        with pytest.raises(OSError):
+            (sw.art / "probe").write_bytes(b"x" * 4096)
+        t0 = time.time()
+        run_driver(sw)
+        res = settle(sw, {})
+    trials = res["trials"]
+    assert all(t.state.name == "COMPLETE" for t in trials), outcome_text(trials)
+    assert all(t.user_attrs.get("artifacts_error") for t in trials), [t.user_attrs for t in trials]
+    first = min(stamp(t.datetime_complete) for t in trials)
+    for t in trials:  # the scratch directories the supervisors fell back to
+        scratch = Path(t.user_attrs.get("artifacts", ""))
+        if scratch.name.startswith(f"sweep-{sw.name}-"):
+            shutil.rmtree(scratch, ignore_errors=True)
+    record("artifacts disk full", outcome_text(trials) + "; artifacts moved to a scratch dir, recorded",
+           res["lost"], first - t0)
+
+
+def test_two_drivers_on_one_study(ray_cluster, make_sweep, tmp_path):
+    sw = make_sweep("f_two_drivers", n_trials=N_TRIALS + 1, concurrency=1)
+    a = start_driver(sw, ray_cluster, tmp_path / "a.log")
+    b = start_driver(sw, ray_cluster, tmp_path / "b.log")
+    try:
+        rc = (a.wait(timeout=300), b.wait(timeout=300))
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    sw.log = (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
+    assert rc == (0, 0), sw.log
+    # Each driver counts the other's running trials, but both may ask in the same instant: at most
+    # one trial per driver beyond n_trials.
+    res = settle(sw, {}, overshoot=1)
+    originals = [json.dumps(t.params, sort_keys=True) for t in res["trials"] if "retry_of" not in t.user_attrs]
+    assert len(originals) == len(set(originals)), "a point was proposed twice"
+    record("two drivers on one study", outcome_text(res["trials"]) + f"; {res['done']} counted of {sw.n_trials}",
+           res["lost"], None)
