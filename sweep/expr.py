@@ -67,6 +67,8 @@ _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
 }
 _MAX_EXPONENT = 64
 _MAX_SOURCE = 1000
+_MAX_INT_BITS = 4096  # a power's result; ((9**64)**64)**64 has a million digits
+_MAX_SEQUENCE = 10_000  # a repeated string or tuple ("x" * 10**18 would exhaust memory)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class Expr:
             return _eval(self._tree.body, env)
         except ExprError:
             raise
-        except (ArithmeticError, TypeError, ValueError) as e:
+        except (ArithmeticError, TypeError, ValueError, RecursionError, MemoryError) as e:
             raise ExprError(f"{self.source!r}: {type(e).__name__}: {e}") from None
 
 
@@ -94,10 +96,12 @@ def parse(source: str) -> Expr:
         raise ExprError(f"expression longer than {_MAX_SOURCE} characters")
     try:
         tree = ast.parse(source.strip(), mode="eval")
+        names: set[str] = set()
+        _check(tree.body, source, names)
     except SyntaxError as e:
         raise ExprError(f"{source!r}: syntax error: {e.msg}") from None
-    names: set[str] = set()
-    _check(tree.body, source, names)
+    except (RecursionError, MemoryError):
+        raise ExprError(f"{source!r}: nested too deeply") from None
     return Expr(source.strip(), frozenset(names), tree)
 
 
@@ -140,6 +144,17 @@ def _check(node: ast.AST, source: str, names: set[str]) -> None:
         raise ExprError(f"{source!r}: {type(node).__name__} not allowed in expressions")
 
 
+def _check_size(op: ast.operator, left: Any, right: Any) -> None:
+    """Refuse results that would take the loader's memory or time: huge powers, huge repetitions."""
+    if isinstance(op, ast.Pow) and type(left) is int and type(right) is int and right > 0:
+        if left.bit_length() * right > _MAX_INT_BITS:
+            raise ExprError(f"a power larger than 2**{_MAX_INT_BITS}")
+    elif isinstance(op, ast.Mult):
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, (str, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_SEQUENCE:
+                raise ExprError(f"a repetition longer than {_MAX_SEQUENCE}")
+
+
 def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
@@ -151,6 +166,7 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         left, right = _eval(node.left, env), _eval(node.right, env)
         if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
             raise ExprError(f"exponent {right} larger than {_MAX_EXPONENT}")
+        _check_size(node.op, left, right)
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         return _UNARY[type(node.op)](_eval(node.operand, env))

@@ -25,7 +25,8 @@ class SpaceError(ValueError):
     """A space that cannot be built or a parameter dict that does not fit it; ``key`` names the culprit."""
 
     def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
+        # Names come from specs and --params JSON: escape line breaks so the message stays one line.
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in f"{key}: {message}"))
         self.key = key
         self.message = message
 

@@ -145,6 +145,8 @@ def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise SpecError(f"{path}: invalid TOML: {e}") from None
     except OSError as e:
         raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start})") from None
     base_name = data.pop("extends", None)
     if base_name is None:
         return data
@@ -230,6 +232,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
 
     sampler = _sampler(r, root.get("sampler", {"name": "tpe"}), seed)
     pruner = _pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
+    _exercise(r, sampler, pruner, [max(1, round(f * budget_s)) for f in fractions])
 
     space = _space(r, root)
     spec = StudySpec(
@@ -249,7 +252,9 @@ class _Reader:
         self.path = path
 
     def error(self, key: str, message: str) -> SpecError:
-        return SpecError(f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}")
+        text = f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}"
+        # Keys are any TOML string: a quoted key with a line break must not break the one-line rule.
+        return SpecError("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
     def table(self, value: Any, key: str, allowed: set[str] | None) -> dict[str, Any]:
         if not isinstance(value, Mapping):
@@ -383,6 +388,44 @@ def _pruner(r: _Reader, raw: Any, fractions: tuple[float, ...], budget_s: float)
     except (TypeError, ValueError) as e:
         raise r.error("pruner", f"{name}: {e}") from None
     return Component(name, opts)
+
+
+def _exercise(r: _Reader, sampler: Component, pruner: Component, steps: list[int]) -> None:
+    """Run a few in-memory trials through the sampler and the pruner.
+
+    Constructors accept options of the wrong type (``n_startup_trials = None``, a string for a
+    number) that only fail at the first ask or pruning call, which on a cluster is after the chips
+    are reserved; here they fail at load time instead, naming the table.
+    """
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        for key, s, p in (("sampler", sampler, Component("none")), ("pruner", Component("random"), pruner)):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    study = optuna.create_study(sampler=build_sampler(s), pruner=build_pruner(p))
+                    for i in range(3):
+                        trial = study.ask()
+                        trial.suggest_float("x", 0.0, 1.0)
+                        trial.suggest_int("n", 1, 4)
+                        trial.suggest_categorical("c", ["a", "b"])
+                        for step in steps:
+                            trial.report(float(i), step)
+                            trial.should_prune()
+                        study.tell(trial, float(i))
+            except Exception as e:
+                raise r.error(key, f"{s.name if key == 'sampler' else p.name}: unusable options: "
+                                   f"{type(e).__name__}: {_first_line(e)}") from None
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def build_sampler(c: Component) -> Any:
