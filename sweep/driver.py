@@ -38,6 +38,7 @@ from typing import Any, TextIO
 from sweep import artifacts as art
 from sweep import storage as st
 from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
+from sweep.neuron import WarmPicker
 from sweep.space import ConstraintViolation
 from sweep.spec import StudySpec, build_pruner, build_sampler
 from sweep.worker import (
@@ -121,6 +122,7 @@ class Driver:
         self._stop: str | None = None
         self.study: Any = None
         self._remote: Any = None
+        self._warm = WarmPicker(spec)  # enqueued trials whose graphs are compiled go first
         self._proxy: st.StorageProxy | None = None
         self.worker_url = self.url  # what trials use: the store itself, or the driver's gRPC proxy
 
@@ -280,7 +282,7 @@ class Driver:
         from optuna.trial import TrialState
 
         study, spec = self.study, self.spec
-        trial = st.retry(study.ask, what="ask", url=self.url)
+        trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
         storage = study._storage
         storage.set_trial_system_attr(trial._trial_id, ATTR_DRIVER, self.identity)
@@ -332,7 +334,7 @@ class Driver:
             eval_fractions=spec.eval_fractions, ranks=spec.ranks, trainer=spec.trainer,
             stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s, env=dict(spec.env), pruner=pruner,
             artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
-            attrs={"spec_hash": self.spec_hash},
+            attrs={"spec_hash": self.spec_hash}, compile_cache=spec.compile_cache,
         )
         if self._remote is None:
             self._remote = ray.remote(_run_trial_task)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep import expr
+from sweep import expr, neuron
 from sweep.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
 from sweep.space import Param, SearchSpace, SpaceError
 
@@ -94,6 +94,7 @@ class StudySpec:
     pruner: Component
     space: SearchSpace
     storage_proxy: bool = False  # workers reach the store through a gRPC proxy the driver starts
+    compile_cache: str = ""  # Neuron compile cache: "" the node's directory, else a shared path or s3:// (sweep.neuron)
 
     @property
     def deadline_s(self) -> float:
@@ -182,7 +183,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
                     {"name", "direction", "n_trials", "concurrency", "seed", "storage", "artifacts", "storage_proxy"})
     trial = r.table(root.get("trial", {}), "trial",
                     {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
-                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources"})
+                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache"})
 
     name = r.string(study, "study.name", default=path.stem)
     if not name or any(c.isspace() or c == "/" for c in name):
@@ -206,6 +207,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     fractions = _eval_fractions(r, trial, budget_s)
     ranks = r.integer(trial, "trial.ranks", low=1, default=1)
     trainer = r.string(trial, "trial.trainer", default="model.train")
+    compile_cache = r.string(trial, "trial.compile_cache", default="")
     stop_grace_s = r.number(trial, "trial.stop_grace_s", low=0, strict=True, default=30.0)
     heartbeat_s = r.number(trial, "trial.heartbeat_s", low=0, strict=True, default=10.0)
     stale_after_s = r.number(trial, "trial.stale_after_s", low=0, strict=True, default=max(120.0, 6 * heartbeat_s))
@@ -227,20 +229,22 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         num_gpus=r.number(res, "trial.resources.num_gpus", low=0, default=0.0),
         neuron_cores=r.integer(res, "trial.resources.neuron_cores", low=0, default=0),
     )
-    if resources.neuron_cores and ranks > resources.neuron_cores:
-        raise r.error("trial.ranks", f"{ranks} ranks need at least as many neuron_cores ({resources.neuron_cores})")
 
     sampler = _sampler(r, root.get("sampler", {"name": "tpe"}), seed)
     pruner = _pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
     _exercise(r, sampler, pruner, [max(1, round(f * budget_s)) for f in fractions])
 
     space = _space(r, root)
+    launch_error = neuron.check_spec(space, resources.neuron_cores, ranks, "ranks" in trial, env, compile_cache)
+    if launch_error:
+        raise r.error(*launch_error)
     spec = StudySpec(
         name=name, path=path, direction=direction, n_trials=n_trials, concurrency=concurrency, seed=seed,
         storage=storage, artifacts=artifacts, budget_s=budget_s, startup_allowance_s=startup_allowance_s,
         eval_timeout_s=eval_timeout_s, eval_fractions=fractions, ranks=ranks, trainer=trainer,
         stop_grace_s=stop_grace_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, env=env,
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
+        compile_cache=compile_cache,
     )
     return spec
 

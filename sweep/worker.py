@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,7 +43,8 @@ from sweep import artifacts
 from sweep import storage as st
 from sweep.artifacts import code_version
 from sweep.limits import is_oom, preexec
-from sweep.reaper import TOKEN_VAR, kill_trial
+from sweep.neuron import LaunchError, TrialLaunch
+from sweep.reaper import TOKEN_VAR, kill_trial, tagged_pids
 
 log = logging.getLogger("sweep.worker")
 
@@ -79,6 +80,7 @@ class TrialTask:
     artifact_dir: str = ""
     artifact_store: str = ""  # SWEEP_ARTIFACTS as resolved by the driver; "" uploads nothing
     attrs: dict[str, Any] = field(default_factory=dict)  # user attributes stored with the outcome
+    compile_cache: str = ""  # the spec's trial.compile_cache (see sweep.neuron)
 
     def eval_step(self, progress: float) -> int:
         """The nominal eval point nearest to ``progress``, in whole charged seconds.
@@ -234,26 +236,35 @@ class Supervisor:
         self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
         self.artifacts_error: str | None = None  # why the trial's files are not where the spec said
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
+        self.launch: TrialLaunch | None = None  # Neuron launch plan, cache and utilisation (sweep.neuron)
+        self.launch_attrs: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
         task = self.task
         self._usable_artifact_dir()
+        try:  # launch keys out of the config, cores mapped onto ranks, the compile cache pointed at
+            self.launch = TrialLaunch.prepare(task.config, task.ranks, task.env, task.compile_cache,
+                                              pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir)
+        except LaunchError as e:
+            return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"launch plan refused: {e}")
+        self.launch_attrs = self.launch.attrs
         config_path = self.artifact_dir / "config.json"
-        config_path.write_text(json.dumps(task.config, indent=1, sort_keys=True) + "\n")
+        config_path.write_text(json.dumps(self.launch.config, indent=1, sort_keys=True) + "\n")
         stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
         events = open(self.artifact_dir / "events.jsonl", "a")  # noqa: SIM115
         self._files += [stderr, events]
-        env = {**os.environ, **task.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
+        env = {**os.environ, **task.env, **self.launch.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        cmd = trainer_command(task, config_path, self.artifact_dir, self.python)
+        cmd = trainer_command(replace(task, ranks=self.launch.ranks), config_path, self.artifact_dir, self.python)
         self.launch_unix = time.time()
         launched = time.monotonic()
         deadline = launched + task.deadline_s
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
                                      cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env))
         self.marks["launched"] = time.monotonic()
+        self.launch.started()
         self._start_reaper(self.launch_unix + task.deadline_s + task.stop_grace_s + 30)
         self.marks["reaper"] = time.monotonic()
         lines: queue.Queue[bytes | None] = queue.Queue()
@@ -302,6 +313,7 @@ class Supervisor:
         self.marks["eof"] = time.monotonic()
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
         self.marks["reaped"] = time.monotonic()
+        self.launch_attrs = self.launch.finished(self.record, self.launch_unix, self.first_step_unix)
         return self._outcome(returncode)
 
     def _usable_artifact_dir(self) -> None:
@@ -328,6 +340,8 @@ class Supervisor:
     def close(self) -> None:
         """Always runs: no process of the group survives, the reaper stands down, files close."""
         self._stop.set()
+        if self.launch is not None:
+            self.launch.close()
         if self.proc is not None:
             # A reaped leader's pid may already name another group: then only the token is safe.
             kill_trial(self.proc.pid if self.proc.returncode is None else None, self.token)
@@ -501,6 +515,7 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
         attrs["artifacts_error"] = sup.artifacts_error
     attrs["supervisor_seconds"] = _phases(sup.marks, t0)
     attrs.update(task.attrs)
+    attrs.update(sup.launch_attrs)
     attrs.update(version or {})
     if sup.launch_unix is not None:
         attrs["launch_unix"] = sup.launch_unix

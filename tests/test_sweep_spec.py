@@ -7,6 +7,7 @@ import random
 import pytest
 
 from sweep import cli
+from sweep.neuron import LAUNCH_KEYS
 from sweep.spec import SpecError, load
 from tests.sweep_fixtures import FIXED, run_sweep, spec_toml, sweep_env, tiny_spec, write_spec
 
@@ -25,7 +26,8 @@ def test_shipped_specs_load_and_fit_the_trainer_config(name):
         config = {**spec.space.trainer_config(point), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
         assert not any(k.startswith("_") for k in config)
-        parse_config(config, budget_s=spec.budget_s)  # raises ConfigError on an unknown or mistyped key
+        trainer = {k: v for k, v in config.items() if k not in LAUNCH_KEYS}  # the worker's launch settings
+        parse_config(trainer, budget_s=spec.budget_s)  # raises ConfigError on an unknown or mistyped key
 
 
 def test_phase1_short_is_phase1_with_a_short_budget():
@@ -34,7 +36,7 @@ def test_phase1_short_is_phase1_with_a_short_budget():
     assert [p.name for p in short.space.params] == [p.name for p in long.space.params]
     assert short.resources == long.resources and short.ranks == long.ranks
     assert short.pruner.options["max_resource"] == round(short.budget_s)
-    assert long.resources.neuron_cores == 4 and long.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert long.resources.neuron_cores == 4 and long.space.fixed["lnc"] == 2 and not long.env
 
 
 def test_spec_values(tmp_path):
