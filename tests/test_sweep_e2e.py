@@ -181,7 +181,7 @@ def test_killed_driver_resumes_without_losing_or_repeating_trials(tmp_path, pg_u
     art = tmp_path / "art"
     spec = write_spec(tmp_path, "resume", tiny_spec(
         data_cache, study={"n_trials": 4, "concurrency": 2, "seed": 3},
-        trial={"budget_s": 5, "startup_allowance_s": 20, "eval_timeout_s": 20, "eval_fractions": [0.5],
+        trial={"budget_s": 8, "startup_allowance_s": 20, "eval_timeout_s": 20, "eval_fractions": [0.5],
                "heartbeat_s": 1, "stale_after_s": 8}))
     env = sweep_env(pg_url, art)
 
@@ -193,13 +193,17 @@ def test_killed_driver_resumes_without_losing_or_repeating_trials(tmp_path, pg_u
 
     first = _start_driver(spec, env, tmp_path / "first.log")
     try:
-        # Kill it while one trial is finished and another is training.
+        # Kill it while one trial is finished and another is training, still before its mid-run eval: at
+        # least half its budget is left, so it cannot finish between this check and the kill.
+        def early_in_training(n: int) -> bool:
+            events = art / "resume" / str(n) / "events.jsonl"
+            text = events.read_text() if events.exists() else ""
+            return '"step"' in text and '"eval"' not in text
+
         def ready():
             s = states()
             running = [n for n, state in s if state == "RUNNING"]
-            stepping = any((art / "resume" / str(n) / "events.jsonl").exists() and
-                           '"step"' in (art / "resume" / str(n) / "events.jsonl").read_text() for n in running)
-            return any(state == "COMPLETE" for _, state in s) and stepping
+            return any(state == "COMPLETE" for _, state in s) and any(early_in_training(n) for n in running)
         wait_for(ready, 120, interval=0.3, what="one complete and one training trial")
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver, its local Ray; workers follow the raylet
