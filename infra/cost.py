@@ -38,7 +38,7 @@ PRICES_USD_PER_HOUR: dict[str, float] = {
 PRICE_SOURCE = "built-in table (EC2 on-demand, us-east-2, 2025; verify with --live-price)"
 CHIPS_PER_INSTANCE = {"trn2.3xlarge": 1, "trn2.48xlarge": 16}
 PHYSICAL_CORES_PER_CHIP = 8
-CAP_KEY = "cost_cap_usd"  # [study] cost_cap_usd = 500.0 once sweep/spec.py accepts it
+CAP_KEY = "cost_cap_usd"  # [study] cost_cap_usd = 500.0
 
 
 class CostCapExceeded(BadInput):

@@ -94,6 +94,7 @@ class StudySpec:
     pruner: Component
     space: SearchSpace
     storage_proxy: bool = False  # workers reach the store through a gRPC proxy the driver starts
+    cost_cap_usd: float | None = None  # `make sweep` refuses to start a study estimated past it (infra.cost)
     compile_cache: str = ""  # Neuron compile cache: "" the node's directory, else a shared path or s3:// (sweep.neuron)
 
     @property
@@ -180,7 +181,8 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     r = _Reader(path)
     root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints"})
     study = r.table(root.get("study", {}), "study",
-                    {"name", "direction", "n_trials", "concurrency", "seed", "storage", "artifacts", "storage_proxy"})
+                    {"name", "direction", "n_trials", "concurrency", "seed", "storage", "artifacts", "storage_proxy",
+                     "cost_cap_usd"})
     trial = r.table(root.get("trial", {}), "trial",
                     {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
                      "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache"})
@@ -197,6 +199,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     seed = r.integer(study, "study.seed", default=None)
     storage = r.string(study, "study.storage", default=None)
     artifacts = r.string(study, "study.artifacts", default=None)
+    cost_cap_usd = r.number(study, "study.cost_cap_usd", low=0, default=None)
     storage_proxy = study.get("storage_proxy", False)
     if not isinstance(storage_proxy, bool):
         raise r.error("study.storage_proxy", f"must be true or false, got {storage_proxy!r}")
@@ -244,7 +247,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         eval_timeout_s=eval_timeout_s, eval_fractions=fractions, ranks=ranks, trainer=trainer,
         stop_grace_s=stop_grace_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, env=env,
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
-        compile_cache=compile_cache,
+        compile_cache=compile_cache, cost_cap_usd=cost_cap_usd,
     )
     return spec
 

@@ -72,10 +72,9 @@ def test_cap_from_cli_refuses_in_one_line(tmp_path):
     cost.enforce(cost.estimate(cost.load_spec(str(spec_file(tmp_path))), cap_usd=1000.0))
 
 
-def test_cap_from_spec_attribute(tmp_path):
-    """Once sweep/spec.py accepts study.cost_cap_usd the estimate reads it; the CLI flag still wins."""
-    spec = cost.load_spec(str(spec_file(tmp_path)))
-    object.__setattr__(spec, cost.CAP_KEY, 5.0)
+def test_cap_from_the_spec(tmp_path):
+    """study.cost_cap_usd in the spec sets the cap; the CLI flag still wins."""
+    spec = cost.load_spec(str(spec_file(tmp_path, extra="cost_cap_usd = 5.0")))
     est = cost.estimate(spec)
     assert est.cap_usd == 5.0 and est.cap_source == "study.cost_cap_usd" and est.over_cap
     assert cost.estimate(spec, cap_usd=500.0).cap_source == "--cap-usd"
@@ -101,11 +100,13 @@ def test_bad_inputs(tmp_path):
         cost.chips_per_trial(cost.load_spec(str(spec_file(tmp_path, lnc="3"))))
 
 
-def test_unknown_spec_key_is_rejected_by_the_loader(tmp_path):
-    """Why --cap-usd exists: until sweep/spec.py allows it, cost_cap_usd in a spec is an error (exit 2)."""
-    path = spec_file(tmp_path, extra="cost_cap_usd = 100.0")
-    with pytest.raises(BadInput, match="study.cost_cap_usd: unknown key"):
-        cost.load_spec(str(path))
+def test_spec_cap_refuses_the_sweep_and_a_bad_cap_is_bad_input(tmp_path, capsys):
+    over = str(spec_file(tmp_path, extra="cost_cap_usd = 5.0"))
+    assert main(["cost", over, "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "study.cost_cap_usd" in err[0]
+    with pytest.raises(BadInput, match="study.cost_cap_usd"):
+        cost.load_spec(str(spec_file(tmp_path, name="neg", extra="cost_cap_usd = -1")))
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):
