@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-SUITES = ("trainer_bench", "data_bench", "kernels_bench", "sweep_bench")
+SUITES = ("trainer_bench", "data_bench", "kernels_bench", "sweep_bench", "storage_load")
 
 
 def main(argv: list[str] | None = None) -> int:

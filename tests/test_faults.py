@@ -531,3 +531,79 @@ def test_two_drivers_on_one_study(ray_cluster, make_sweep, tmp_path):
     assert len(originals) == len(set(originals)), "a point was proposed twice"
     record("two drivers on one study", outcome_text(res["trials"]) + f"; {res['done']} counted of {sw.n_trials}",
            res["lost"], None)
+
+
+# -- the store itself: what the faults above lean on ----------------------------------------------
+
+
+def test_sweep_indexes_are_created_once(pg_url):
+    driver = st.open_storage(pg_url)  # the driver's role creates them
+    try:
+        assert st.ensure_indexes(driver, pg_url) == []  # already there: nothing to do, no error
+        rows = driver.engine.connect().exec_driver_sql(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'trials'").fetchall()
+        assert set(st.SWEEP_INDEXES) <= {r[0] for r in rows}
+    finally:
+        driver.engine.dispose()
+
+
+def _first_open(url: str) -> str:
+    try:
+        st.open_storage(url).engine.dispose()
+        return "ok"
+    except Exception as e:  # reported to the parent, which asserts
+        return f"{type(e).__name__}: {e}"
+
+
+def test_drivers_opening_a_fresh_database_at_once_do_not_race(pg_url):
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        assert pool.map(_first_open, [pg_url] * 4) == ["ok"] * 4
+
+
+def test_worker_cache_reads_new_trials_at_once_and_running_ones_within_its_refresh(pg_url, monkeypatch):
+    from optuna.trial import TrialState
+
+    study = optuna.create_study(study_name="cache", storage=st.open_storage(pg_url))
+    worker = st.open_storage(pg_url, role="worker")
+    assert worker is st.open_storage(pg_url, role="worker")  # one per process, shared by its trials
+    sid = study._study_id
+    running = study.ask()
+    assert [t.state for t in worker.get_all_trials(sid)] == [TrialState.RUNNING]
+    study.tell(running, 1.0)
+    done = study.ask()
+    study.tell(done, 2.0)  # created and finished since the worker's last read: read at once
+    states = [t.state for t in worker.get_all_trials(sid)]
+    assert states == [TrialState.RUNNING, TrialState.COMPLETE]  # the running one is re-read later
+    worker._full_at[sid] -= st.WORKER_REFRESH_S + 1
+    assert [t.state for t in worker.get_all_trials(sid)] == [TrialState.COMPLETE] * 2
+    assert [t.value for t in worker.get_all_trials(sid, states=(TrialState.COMPLETE,))] == [1.0, 2.0]
+    worker._backend.engine.dispose()
+
+
+def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypatch):
+    monkeypatch.setattr(st, "WORKER_REFRESH_S", 0.0)  # every read full: the pruner sees trials told just now
+    study = optuna.create_study(study_name="proxied", storage=st.open_storage(pg_url),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    proxy = st.StorageProxy(pg_url)
+    try:
+        assert proxy.url.startswith("grpc://127.0.0.1:")
+        assert pg_url.rsplit(":", 1)[0] not in " ".join(Path(f"/proc/{proxy.proc.pid}/cmdline").read_text())
+        worker = st.open_storage(proxy.url, role="worker")
+        remote = optuna.load_study(study_name="proxied", storage=worker,
+                                   pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+        for value in (1.0, 2.0, 3.0):
+            trial = remote.ask()
+            trial.suggest_float("x", 0, 1)
+            time.sleep(st.PROXY_READ_TTL_S + 0.1)  # the proxy answers reads from a snapshot this old at most
+            trial.report(value, 1)
+            pruned = trial.should_prune()
+            remote.tell(trial, value)
+        assert pruned  # the third is worse than the median of the first two
+        assert [t.value for t in study.get_trials()] == [1.0, 2.0, 3.0]
+    finally:
+        proxy.close()
+    with pytest.raises(Exception) as info:
+        remote.ask()
+    assert st.is_transient(info.value), info.value  # retried like a database restart, not fatal
