@@ -395,8 +395,13 @@ def _pg_ctl_available() -> bool:
 
 
 @pytest.mark.skipif(not _pg_ctl_available(), reason="needs root and pg_ctlcluster to restart PostgreSQL")
-def test_postgres_restart_mid_sweep(ray_cluster, make_sweep):
-    sw = make_sweep("f_pg_restart")
+@pytest.mark.parametrize("proxy", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not FULL, reason="one restart per short run; FAULTS_FULL=1 restarts behind the gRPC proxy too"))],
+    ids=["direct", "proxy"])
+def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, monkeypatch, proxy):
+    sw = make_sweep("f_pg_restart_proxy" if proxy else "f_pg_restart")
+    if proxy:
+        monkeypatch.setenv(st.ENV_PROXY, "1")
 
     def inject() -> dict[str, Any]:
         wait_for(lambda: stepping(sw, 0) and stepping(sw, 1), 120, what="both trials training")
@@ -425,8 +430,10 @@ def test_postgres_restart_mid_sweep(ray_cluster, make_sweep):
     got = run_driver(sw, inject)
     res = settle(sw, got["before"])
     assert [t.state.name for t in res["trials"]] == ["COMPLETE"] * len(res["trials"]), outcome_text(res["trials"])
-    record("PostgreSQL restart", outcome_text(res["trials"]) + f"; restart took {got['outage_s']:.1f} s",
-           res["lost"], got["recover_s"])
+    if proxy:
+        assert "storage proxy: workers use grpc://" in sw.log, sw.log
+    record("PostgreSQL restart" + (" behind the proxy" if proxy else ""),
+           outcome_text(res["trials"]) + f"; restart took {got['outage_s']:.1f} s", res["lost"], got["recover_s"])
 
 
 def _trainer_fault(make_sweep: Callable[..., Sweep], name: str, fault: str, **kw: Any) -> tuple[Sweep, dict[str, Any]]:
