@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from kernels import _nki
 from kernels.relu2_mlp import relu2_mlp
 from kernels.rmsnorm import rms_norm
 from kernels.softcap_ce import softcap_cross_entropy
 
-IMPLS = ("reference", "nki", "auto")
+IMPLS = ("torch", "reference", "nki", "auto")
 
 
 @dataclass(frozen=True)
@@ -23,31 +24,42 @@ class Ops:
 
     def rms_norm(self, x: torch.Tensor) -> torch.Tensor:
         """F.rms_norm(x, (x.size(-1),)) without a weight."""
+        if self.impl == "torch":
+            return F.rms_norm(x, (x.size(-1),))
         return rms_norm(x, impl=self.impl)
 
     def relu2_mlp(self, x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
         """relu(x @ w_fc^T)^2 @ w_proj^T with nn.Linear weights w_fc [mlp_dim, dim], w_proj [dim, mlp_dim]."""
+        if self.impl == "torch":
+            return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)
         return relu2_mlp(x, w_fc, w_proj, impl=self.impl)
 
     def softcap_cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor, softcap: float,
                               reduction: str = "mean") -> torch.Tensor:
         """Cross-entropy (ignore_index=-1, float32) of softcap * tanh(logits / softcap); softcap 0 = no cap."""
+        if self.impl == "torch":
+            logits = logits.float()
+            if softcap > 0:
+                logits = softcap * torch.tanh(logits / softcap)
+            return F.cross_entropy(logits, targets, ignore_index=-1, reduction=reduction)
         return softcap_cross_entropy(logits, targets, softcap, reduction=reduction, impl=self.impl)
 
 
 def get_ops(impl: str = "auto") -> Ops:
     """Ops for a trial's `kernels` setting.
 
-    "reference": PyTorch everywhere. "nki": the NKI kernels, on a NeuronCore or in the NKI CPU simulator
-    (NKI_SIMULATOR=1); a ValueError with a one-line reason where they cannot run. "auto": "nki" when nki
-    imports and a NeuronCore is visible, otherwise "reference".
+    "torch": the plain PyTorch compositions with autograd's own backward (fastest on the CPU, measured by
+    bench.trainer_bench). "reference": the ops as autograd Functions with hand-written backward, the NKI
+    kernels' CPU twin. "nki": the NKI kernels, on a NeuronCore or in the NKI CPU simulator (NKI_SIMULATOR=1);
+    a ValueError with a one-line reason where they cannot run. "auto": "nki" when nki imports and a
+    NeuronCore is visible, otherwise "torch".
     """
     if impl not in IMPLS:
         raise ValueError(f"kernels must be one of {', '.join(IMPLS)}, got {impl!r}")
-    if impl == "reference":
-        return Ops("reference")
+    if impl in ("torch", "reference"):
+        return Ops(impl)
     if impl == "auto":
-        return Ops("nki" if _nki.NKI_AVAILABLE and _nki.neuron_device_available() else "reference")
+        return Ops("nki" if _nki.NKI_AVAILABLE and _nki.neuron_device_available() else "torch")
     if not _nki.NKI_AVAILABLE:
         raise ValueError(f"kernels='nki' is unavailable: {_nki.unavailable_reason()}")
     if not (_nki.simulating() or _nki.neuron_device_available()):

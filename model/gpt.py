@@ -33,7 +33,7 @@ class GPTConfig:
     value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
     residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
     head_init_std: float = 0.001
-    kernels: str = "auto"  # fused ops: reference (PyTorch), nki (Trainium), auto (nki where it can run)
+    kernels: str = "auto"  # torch (plain), reference (autograd Functions), nki (Trainium); auto: nki or torch
 
     def __post_init__(self) -> None:
         if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:

@@ -51,9 +51,32 @@ def assert_close_scaled(actual: torch.Tensor, expected: torch.Tensor, rel: float
 def test_get_ops_reference_and_auto_on_a_cpu_machine(monkeypatch):
     monkeypatch.setattr(_nki, "neuron_device_available", lambda: False)
     assert kernels.get_ops("reference") == kernels.Ops("reference")
-    assert kernels.get_ops("auto").impl == "reference"
-    monkeypatch.setattr(_nki, "NKI_AVAILABLE", True)  # nki importable but no NeuronCore: still reference
-    assert kernels.get_ops("auto").impl == "reference"
+    assert kernels.get_ops("auto").impl == "torch"
+    monkeypatch.setattr(_nki, "NKI_AVAILABLE", True)  # nki importable but no NeuronCore: still plain torch
+    assert kernels.get_ops("auto").impl == "torch"
+
+
+def test_plain_torch_ops_match_the_reference_ops_and_their_gradients():
+    torch.manual_seed(0)
+    plain, ref = kernels.get_ops("torch"), kernels.get_ops("reference")
+    x = torch.randn(2, 16, 32, dtype=torch.float64, requires_grad=True)
+    w_fc = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
+    w_proj = torch.randn(32, 64, dtype=torch.float64, requires_grad=True)
+    logits = torch.randn(24, 50, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (24,))
+    targets[:3] = -1
+    for reduction in ("mean", "none"):
+        outs = []
+        for ops in (plain, ref):
+            y = ops.relu2_mlp(ops.rms_norm(x), w_fc, w_proj).sum()
+            loss = ops.softcap_cross_entropy(logits, targets, 15.0, reduction).sum()
+            grads = torch.autograd.grad(y + loss, (x, w_fc, w_proj, logits))
+            outs.append((y.detach(), loss.detach(), grads))
+        (y0, l0, g0), (y1, l1, g1) = outs
+        torch.testing.assert_close(y0, y1)
+        torch.testing.assert_close(l0.double(), l1.double())
+        for a, b in zip(g0, g1, strict=True):
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-6)
 
 
 def test_get_ops_nki_without_nki_raises_one_line(monkeypatch):
