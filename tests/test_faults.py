@@ -291,10 +291,10 @@ def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], overshoot: in
     assert not unretried, f"retryable failures without a retry: {unretried}\n{detail}"
     assert not twice, f"trial numbers whose trainer ran twice: {twice}\n{detail}"
     assert not no_value, f"COMPLETE trials without a value: {no_value}\n{detail}"
-    for t in trials:  # a retry runs the very same point (one lost before its parameters were drawn draws anew)
+    for t in trials:  # a retry runs the same point; what its original never drew (its driver died mid-suggest) is new
         if "retry_of" in t.user_attrs:
             original = by_number[t.user_attrs["retry_of"]]
-            assert not original.params or t.params == original.params, detail
+            assert all(t.params.get(k) == v for k, v in original.params.items()), detail
     done = sum(counts(t) for t in trials)
     assert sw.n_trials <= done <= sw.n_trials + overshoot, f"{done} counted trials, wanted {sw.n_trials}\n{detail}"
     wait_for(lambda: not trainer_pids(sw), 30, what="every trainer process of the sweep to be gone")
