@@ -204,7 +204,7 @@ def test_killed_driver_resumes_without_losing_or_repeating_trials(tmp_path, pg_u
             s = states()
             running = [n for n, state in s if state == "RUNNING"]
             return any(state == "COMPLETE" for _, state in s) and any(early_in_training(n) for n in running)
-        wait_for(ready, 120, interval=0.3, what="one complete and one training trial")
+        wait_for(ready, 240, interval=0.3, what="one complete and one training trial")
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver, its local Ray; workers follow the raylet
         first.wait()
