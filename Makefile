@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test sweep bench lint dashboard job status best clean
+.PHONY: install system-deps test faults sweep bench lint dashboard job status best clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ test: $(STAMP) system-deps
 
 # The cost check prints nothing unless the spec's cap is exceeded; with-db resolves the study database
 # from AWS Secrets Manager or a file where the cluster is set up so (docs/aws.md), else passes through.
+# Each fault injected into a real sweep (PostgreSQL, local Ray), then the same checks; prints a table.
+faults: $(STAMP)
+	FAULTS_FULL=1 $(PY) -m pytest -q -m faults tests/test_faults.py
+
 sweep: $(STAMP)
 	$(PY) -m infra cost $(STUDY) --check
 	$(PY) -m infra with-db -- $(PY) -m sweep run $(STUDY)
