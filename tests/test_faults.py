@@ -395,9 +395,8 @@ def _pg_ctl_available() -> bool:
 
 
 @pytest.mark.skipif(not _pg_ctl_available(), reason="needs root and pg_ctlcluster to restart PostgreSQL")
-@pytest.mark.parametrize("proxy", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not FULL, reason="one restart per short run; FAULTS_FULL=1 restarts behind the gRPC proxy too"))],
-    ids=["direct", "proxy"])
+# One restart per short run; FAULTS_FULL=1 restarts behind the gRPC proxy too.
+@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
 def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, monkeypatch, proxy):
     sw = make_sweep("f_pg_restart_proxy" if proxy else "f_pg_restart")
     if proxy:
