@@ -114,21 +114,28 @@ def redact(url: str) -> str:
     """The URL with its password replaced by ``***`` (journal URLs pass unchanged)."""
     if not is_database(url):
         return url
-    m = re.match(r"^([^:/]+(?:\+[^:/]+)?://)([^@/]*)@(.*)$", url, re.S)
-    if not m:
+    parts = _userinfo(url)
+    if parts is None or ":" not in parts[1]:
         return url
-    scheme, userinfo, rest = m.groups()
-    if ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}{user}:***@{rest}"
+    scheme, userinfo, rest = parts
+    return f"{scheme}{userinfo.split(':', 1)[0]}:***@{rest}"
+
+
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """(scheme://, userinfo, host and the rest), splitting at the LAST '@': a password may hold an unquoted
+    '/' or '@', and a misplaced split then hides too much rather than too little."""
+    m = re.match(r"^([^:/]+(?:\+[^:/]+)?://)(.*)$", url, re.S)
+    if not m or "@" not in m.group(2):
+        return None
+    userinfo, _, rest = m.group(2).rpartition("@")
+    return m.group(1), userinfo, rest
 
 
 def password(url: str) -> str | None:
-    m = re.match(r"^[^:/]+(?:\+[^:/]+)?://([^@/]*)@", url)
-    if not m or ":" not in m.group(1):
+    parts = _userinfo(url)
+    if parts is None or ":" not in parts[1]:
         return None
-    return m.group(1).split(":", 1)[1] or None
+    return parts[1].split(":", 1)[1] or None
 
 
 def scrub(text: str, url: str | None) -> str:

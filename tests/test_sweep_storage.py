@@ -21,6 +21,12 @@ def test_redact_and_scrub():
     assert st.redact(url) == "postgresql+psycopg2://alice:***@db.example:5432/sweeps"
     assert st.redact("postgresql://bob@host/db") == "postgresql://bob@host/db"
     assert st.redact("journal:/tmp/x.log") == "journal:/tmp/x.log"
+    # Unquoted '/' and '@' in a password must not leak it.
+    for secret in ("pa/ss", "p@ss", "a/b@c"):
+        leaky = f"postgresql://u:{secret}@h:5432/db"
+        assert secret not in st.redact(leaky) and st.redact(leaky).endswith("@h:5432/db")
+        assert st.password(leaky) == secret
+        assert secret not in st.scrub(f"cannot connect to {leaky}", leaky)
     text = f"could not connect to {url} (password s3cr@t)"
     assert "s3cr" not in st.scrub(text, url)
 
