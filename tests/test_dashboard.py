@@ -166,6 +166,8 @@ def test_dashboard_command_never_shows_the_storage_password(tmp_path):
         try:
             first = proc.stdout.readline()
             assert first.startswith(f"optuna-dashboard: http://127.0.0.1:{port}/dashboard/studies/"), first
+            # Read the storage line here too: lines already in this reader's buffer never reach communicate().
+            storage_line = proc.stdout.readline()
             base = f"http://127.0.0.1:{port}"
             sid = int(first.strip().rsplit("/", 1)[1])
             assert [t["number"] for t in _json(f"{base}/api/studies/{sid}")["trials"]] == [0]
@@ -178,8 +180,8 @@ def test_dashboard_command_never_shows_the_storage_password(tmp_path):
                 proc.kill()
                 proc.communicate()
     assert proc.returncode == 0, err
-    assert secret not in first + out + err
-    assert "postgres:***@" in out
+    assert secret not in first + storage_line + out + err
+    assert "postgres:***@" in storage_line
     assert f"GET /api/studies/{sid}" in err  # the access log went through the scrubbed stream
 
 
