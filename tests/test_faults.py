@@ -384,7 +384,9 @@ def test_sigkill_of_the_driver_then_resume(ray_cluster, make_sweep, tmp_path):
     sw.log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
     res = settle(sw, before)
     lost = {t.number for t in res["trials"] if t.user_attrs.get("fail_kind") == "lost"}
-    assert lost >= set(running_before), outcome_text(res["trials"])
+    # Each trial running at the kill was failed as lost and retried (settle checks the retry), or its
+    # supervisor outlived the driver for the moment it needed to finish and store its own result.
+    assert all(res["by_number"][n].state.is_finished() for n in running_before), outcome_text(res["trials"])
     later = [stamp(t.datetime_start) for t in res["trials"] if t.number not in before and t.number not in lost
              and t.datetime_start is not None and stamp(t.datetime_start) > t_kill]
     record("SIGKILL driver, resume", outcome_text(res["trials"]), res["lost"], min(later) - t_kill if later else None)
