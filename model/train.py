@@ -288,7 +288,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "world_size": rt.world_size, "budget_s": run.budget_s, "over_budget": train_seconds > run.budget_s,
         "train_loss": state.last_loss, "data": ds.fingerprint, "curve": state.curve,
         "step_seconds_median": statistics.median(clock.step_times) if clock.step_times else 0.0,
-        "step_seconds_max": max(clock.step_times, default=0.0), "excluded_steps": run.excluded_steps,
+        "step_seconds_max": max(clock.step_times, default=0.0), "step_seconds_sum": sum(clock.step_times),
+        "excluded_steps": run.excluded_steps,
         "excluded_seconds": clock.excluded_s,
     }
     if state.status == "ok":

@@ -73,18 +73,18 @@ def test_charged_clock_stops_within_one_step_and_excludes_eval(run_trainer, tiny
     assert charged <= budget * 1.01
     assert budget - charged <= 2 * result["step_seconds_max"]
     assert result["eval_seconds"] > 1.0
-    charged_steps = result["steps"] - result["excluded_steps"]
-    assert charged_steps * result["step_seconds_median"] == pytest.approx(charged, rel=0.25)
+    # Charged time is exactly the charged steps' time: the evaluations' seconds are nowhere in it.
+    assert charged == pytest.approx(result["step_seconds_sum"], abs=0.05)
 
 
 @pytest.mark.slow
 def test_startup_past_the_allowance_is_charged(run_trainer, tiny_config):
     result = run_trainer({**tiny_config, "startup_allowance_s": 0.0, "eval_fractions": [1.0]}, budget_s=8).result
     assert result["startup_seconds"] > 0.5
-    charged_steps = result["steps"] - result["excluded_steps"]
-    spent_on_steps = charged_steps * result["step_seconds_median"]
     assert result["train_seconds"] <= 8 * 1.01
-    assert result["train_seconds"] - spent_on_steps == pytest.approx(result["startup_seconds"], rel=0.35)
+    # With no allowance, all of start-up (the excluded steps included) is charged on top of the steps.
+    charged_startup = result["train_seconds"] - result["step_seconds_sum"]
+    assert charged_startup == pytest.approx(result["startup_seconds"], abs=0.05)
 
 
 @pytest.mark.slow
