@@ -201,12 +201,7 @@ class Optimizers:
 
     def compile(self, backend: str = "inductor") -> None:
         """Compile the parameter update; the scheduled scalars are tensors, so it compiles once."""
-        self._compiled_step = torch.compile(self._update, backend=backend)
-        self.step = self._compiled_step  # type: ignore[method-assign]
-
-    def _update(self) -> None:
-        self.muon.step()
-        self.adamw.step()
+        self.step = torch.compile(self.step, backend=backend)  # type: ignore[method-assign]
 
     def zero_grad(self) -> None:
         self.muon.zero_grad(set_to_none=True)
