@@ -211,7 +211,7 @@ class LearningCurvePruner(BasePruner):
         cal = self._calibrate(trials)
         if cal is None or len(cal.curves) < self.n_startup_trials:
             return False
-        mine = self._prediction(trial, trials, cal)
+        mine = self._prediction(trial, cal)
         if mine is None:
             return False
         best = min(t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None)
@@ -220,7 +220,7 @@ class LearningCurvePruner(BasePruner):
         for other in trials:
             if other.state != TrialState.RUNNING or other.number == trial.number or other.last_step is None:
                 continue
-            theirs = self._prediction(other, trials, cal)
+            theirs = self._prediction(other, cal)
             if theirs is not None and mine.value - theirs.value > self.z * math.hypot(mine.sigma, theirs.sigma):
                 return True
         return False
@@ -231,10 +231,10 @@ class LearningCurvePruner(BasePruner):
         """The trial's predicted final val_bpb with its calibrated spread; None before the study can tell."""
         trials = study.get_trials(deepcopy=False)
         cal = self._calibrate(trials)
-        return None if cal is None else self._prediction(trial, trials, cal)
+        return None if cal is None else self._prediction(trial, cal)
 
-    def _prediction(self, trial: FrozenTrial, trials: Sequence[FrozenTrial], cal: _Calibration) -> Prediction | None:
-        curve = self._curve(trial, trials, cal.budget_s, final=False)
+    def _prediction(self, trial: FrozenTrial, cal: _Calibration) -> Prediction | None:
+        curve = self._curve(trial, cal.budget_s, cal.fallback, final=False)
         if curve is None or not curve.points or curve.points[-1][0] >= 1.0:
             return None
         return Prediction(predict_final(curve, cal.shared), cal.sigma(curve.points[-1][0]))
@@ -247,15 +247,27 @@ class LearningCurvePruner(BasePruner):
             return None
         key = (budget, tuple(t.number for t in done))
         if key != self._cache_key:
-            curves = [cv for t in done if (cv := self._curve(t, trials, budget, final=True)) and len(cv.points) >= 2]
+            fallback = self._fallback(done)
+            curves = [cv for t in done if (cv := self._curve(t, budget, fallback, final=True)) and len(cv.points) >= 2]
             if not curves:
                 return None
-            self._calibration = _Calibration(curves, fit_shared(curves), float(budget), self.prior_sigma,
+            self._calibration = _Calibration(curves, fit_shared(curves), float(budget), fallback, self.prior_sigma,
                                              self.prior_weight)
             self._cache_key = key
         return self._calibration
 
-    def _curve(self, trial: FrozenTrial, trials: Sequence[FrozenTrial], budget: float, final: bool) -> Curve | None:
+    def _keys(self) -> tuple[str, ...]:
+        return ("warmup_ratio", "warmdown_ratio", "final_lr_frac", *((self.lr_param,) if self.lr_param else ()))
+
+    def _fallback(self, done: Sequence[FrozenTrial]) -> dict[str, float]:
+        """Schedule values no trial searches but the spec fixed: every completed trial's config has them."""
+        searched = {k for t in done for k in t.params}
+        for t in done:
+            if isinstance(t.user_attrs.get("config"), Mapping):
+                return schedule_values({}, t.user_attrs["config"], [k for k in self._keys() if k not in searched])
+        return {}
+
+    def _curve(self, trial: FrozenTrial, budget: float, fallback: Mapping[str, float], final: bool) -> Curve | None:
         """The trial's points on the progress axis; a completed trial's final value sits at progress 1."""
         pts = {min(step / budget, 1.0): v for step, v in trial.intermediate_values.items()
                if math.isfinite(v) and step > 0}
@@ -264,22 +276,13 @@ class LearningCurvePruner(BasePruner):
             pts[1.0] = float(trial.value)  # type: ignore[arg-type]
         if not pts:
             return None
-        return Curve(tuple(sorted(pts.items())), self._schedule(trial, trials))
+        return Curve(tuple(sorted(pts.items())), self._schedule(trial, fallback))
 
-    def _schedule(self, trial: FrozenTrial, trials: Sequence[FrozenTrial]) -> Schedule:
-        """Schedule values from the trial's parameters, else its recorded config, else a value every
-        completed trial shares (the spec fixed it), else the trainer's defaults."""
-        keys = ("warmup_ratio", "warmdown_ratio", "final_lr_frac", *((self.lr_param,) if self.lr_param else ()))
-        values = schedule_values(trial.params, trial.user_attrs.get("config"), keys)
-        missing = [k for k in keys if k not in values]
-        if missing:
-            searched = {k for t in trials for k in t.params}
-            for t in trials:
-                if t.state == TrialState.COMPLETE and isinstance(t.user_attrs.get("config"), Mapping):
-                    shared = schedule_values({}, t.user_attrs["config"], [k for k in missing if k not in searched])
-                    values = {**shared, **values}
-                    break
-        full = {**SCHEDULE_DEFAULTS, **values}
+    def _schedule(self, trial: FrozenTrial, fallback: Mapping[str, float]) -> Schedule:
+        """Schedule values from the trial's parameters, else its recorded config, else the spec's fixed
+        values (``fallback``), else the trainer's defaults."""
+        own = schedule_values(trial.params, trial.user_attrs.get("config"), self._keys())
+        full = {**SCHEDULE_DEFAULTS, **fallback, **own}
         lr = float(full.get(self.lr_param, 1.0)) if self.lr_param else 1.0
         return Schedule(float(full["warmup_ratio"]), float(full["warmdown_ratio"]), float(full["final_lr_frac"]), lr)
 
@@ -298,9 +301,9 @@ def schedule_values(params: Mapping[str, Any], config: Any, keys: Sequence[str])
 class _Calibration:
     """The shared fit over completed trials and the empirical error of predictions from prefixes."""
 
-    def __init__(self, curves: list[Curve], fits: list[Shared], budget_s: float, prior_sigma: float,
-                 prior_weight: float) -> None:
-        self.curves, self.shared, self.budget_s = curves, fits[0], budget_s
+    def __init__(self, curves: list[Curve], fits: list[Shared], budget_s: float, fallback: dict[str, float],
+                 prior_sigma: float, prior_weight: float) -> None:
+        self.curves, self.shared, self.budget_s, self.fallback = curves, fits[0], budget_s, fallback
         self._loo = fits[1:]
         self._prior = (prior_sigma, prior_weight)
         self._sigmas: dict[float, float] = {}

@@ -9,7 +9,15 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep.pruners import SCHEDULE_DEFAULTS, Curve, LearningCurvePruner, Schedule, fit_shared, lr_multiplier
+from sweep.pruners import (
+    SCHEDULE_DEFAULTS,
+    Curve,
+    LearningCurvePruner,
+    Schedule,
+    fit_shared,
+    lr_multiplier,
+    predict_final,
+)
 from sweep.spec import SpecError, load
 
 BUDGET = 100
@@ -163,3 +171,34 @@ def test_spec_refuses_bad_options_in_one_line(tmp_path: Path, body: str, key: st
     with pytest.raises(SpecError) as e:
         load(_spec(tmp_path, body))
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_schedule_fixed_by_the_spec_comes_from_completed_trials_configs() -> None:
+    """warmdown_ratio is not searched here: the trials' params lack it, their recorded configs hold it."""
+    study = _study(LearningCurvePruner(n_startup_trials=3, budget_s=BUDGET))
+    for i, lr in enumerate((0.01, 0.02, 0.04, 0.06)):
+        _, values, final = synthetic(lr, 0.8, noise=0.002, seed=i)
+        study.enqueue_trial({"matrix_lr": lr})
+        t = study.ask()
+        t.suggest_float("matrix_lr", 1e-3, 1.0, log=True)
+        for step, v in values.items():
+            t.report(v, step)
+        t.set_user_attr("config", {"matrix_lr": lr, "warmdown_ratio": 0.8, "final_lr_frac": 0.0})
+        study.tell(t, final)
+    _, values, truth = synthetic(0.05, 0.8)
+    study.enqueue_trial({"matrix_lr": 0.05})
+    t = study.ask()
+    t.suggest_float("matrix_lr", 1e-3, 1.0, log=True)
+    for step in STEPS[:4]:
+        t.report(values[step], step)
+    pruner = study.pruner
+    assert isinstance(pruner, LearningCurvePruner)
+    pred = pruner.predict(study, study.get_trials(deepcopy=False)[-1])
+    assert pred is not None and abs(pred.value - truth) <= 2 * pred.sigma
+    # Read with the trainer's default warmdown (0.5) instead, the same prefix predicts far off.
+    shared = fit_shared([Curve(tuple((s / BUDGET, v) for s, v in synthetic(lr, 0.8, seed=i)[1].items())
+                               + ((1.0, synthetic(lr, 0.8, seed=i)[2]),), Schedule(0.0, 0.8, 0.0, lr))
+                         for i, lr in enumerate((0.01, 0.02, 0.04, 0.06))])[0]
+    wrong = Curve(tuple((s / BUDGET, values[s]) for s in STEPS[:4]), Schedule(0.0, 0.5, 0.0, 0.05))
+    miss = abs(predict_final(wrong, shared) - truth)
+    assert miss > 2 * pred.sigma and miss > 10 * abs(pred.value - truth)
