@@ -26,7 +26,6 @@ spreads together. This module must not import torch: the schedule below is the t
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,14 +111,18 @@ class Prediction:
     sigma: float
 
 
-def _residualise(curve: Curve, c: float) -> tuple[float, float, float, np.ndarray, np.ndarray]:
-    """Partial each trial's own (a, b) out: returns sums for the shared k's closed-form fit."""
+def _sufficient(curve: Curve, c: float) -> tuple[float, float, float, float, float]:
+    """Partial the trial's own (a, b) out of y and of the annealing regressor x2.
+
+    Returns sums for the shared k's closed-form fit (|ry|², <rx2, ry>, |rx2|²) and the slopes of y
+    and of x2 on S^-c, since the trial's own b given k is ``b_y - k * b_x2``.
+    """
     x = np.array([curve.schedule.features(p, c) for p, _ in curve.points])
     y = np.array([v for _, v in curve.points])
-    design = np.column_stack([np.ones(len(y)), x[:, 0]])
-    proj = design @ np.linalg.pinv(design)
-    ry, rx = y - proj @ y, x[:, 1] - proj @ x[:, 1]
-    return float(ry @ ry), float(rx @ ry), float(rx @ rx), x, y
+    pinv = np.linalg.pinv(np.column_stack([np.ones(len(y)), x[:, 0]]))
+    ry = y - np.column_stack([np.ones(len(y)), x[:, 0]]) @ (pinv @ y)
+    rx = x[:, 1] - np.column_stack([np.ones(len(y)), x[:, 0]]) @ (pinv @ x[:, 1])
+    return float(ry @ ry), float(rx @ ry), float(rx @ rx), float(pinv[1] @ y), float(pinv[1] @ x[:, 1])
 
 
 def fit_shared(curves: Sequence[Curve]) -> list[Shared]:
@@ -127,24 +130,26 @@ def fit_shared(curves: Sequence[Curve]) -> list[Shared]:
 
     Returns ``len(curves) + 1`` entries: index 0 uses every curve, index ``j + 1`` all but curve j
     (for calibrating on curve j honestly). Per trial a and b are free; c is chosen on a grid and k
-    (>= 0: annealing never raises the loss) in closed form.
+    (>= 0: annealing never raises the loss) in closed form; the shared b is the median of the trials'.
     """
     n = len(curves)
-    stats = [[_residualise(cv, c) for cv in curves] for c in _EXPONENTS]
+    stats = np.array([[_sufficient(cv, c) for cv in curves] for c in _EXPONENTS])  # (C, n, 5)
+    totals = stats[:, :, :3].sum(axis=1)  # (C, 3)
+    # Row 0: every curve; row j + 1: all but curve j.
+    sums = np.concatenate([totals[None], totals[None] - stats[:, :, :3].transpose(1, 0, 2)])  # (n + 1, C, 3)
+    yy, xy, xx = sums[..., 0], sums[..., 1], sums[..., 2]
+    k = np.where(xx > 1e-12, np.maximum(0.0, xy / np.where(xx > 1e-12, xx, 1.0)), 0.0)
+    sse = yy - 2 * k * xy + k * k * xx
+    best_c = np.argmin(sse, axis=1)  # first minimum on ties: deterministic
+    sloped = np.array([len(cv.points) >= 2 for cv in curves])
     out = []
-    for leave in range(-1, n):
-        best: tuple[float, float, float] | None = None  # (sse, c, k)
-        for ci, c in enumerate(_EXPONENTS):
-            rows = [s for j, s in enumerate(stats[ci]) if j != leave]
-            yy, xy, xx = (sum(r[i] for r in rows) for i in range(3))
-            k = max(0.0, xy / xx) if xx > 1e-12 else 0.0
-            sse = yy - 2 * k * xy + k * k * xx
-            if best is None or sse < best[0] - 1e-15:
-                best = (sse, c, k)
-        assert best is not None
-        _, c, k = best
-        bs = [_fit_own(cv, Shared(c, k, 0.0))[1] for j, cv in enumerate(curves) if j != leave and len(cv.points) >= 2]
-        out.append(Shared(c, k, statistics.median(bs) if bs else 0.0))
+    for row in range(n + 1):
+        ci, kk = int(best_c[row]), float(k[row, best_c[row]])
+        keep = sloped.copy()
+        if row:
+            keep[row - 1] = False
+        bs = stats[ci, keep, 3] - kk * stats[ci, keep, 4]
+        out.append(Shared(_EXPONENTS[ci], kk, float(np.median(bs)) if len(bs) else 0.0))
     return out
 
 
