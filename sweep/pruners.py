@@ -37,8 +37,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 # The trainer's defaults (model/optim.py OptimConfig); a test checks they have not drifted.
 SCHEDULE_DEFAULTS: dict[str, float] = {"warmup_ratio": 0.0, "warmdown_ratio": 0.5, "final_lr_frac": 0.0,
-                                       "matrix_lr": 0.04}
-_EXPONENTS = tuple(float(c) for c in np.geomspace(0.05, 4.0, 25))
+                                       "matrix_lr": 0.04, "embedding_lr": 0.6, "unembedding_lr": 0.004,
+                                       "scalar_lr": 0.5}
+_EXPONENTS = (0.0, *(float(c) for c in np.geomspace(0.01, 4.0, 30)))  # 0: the logarithmic limit
 _MAX_CALIBRATION_TRIALS = 200  # newest completed trials used for the shared fit (bounds the cost per report)
 
 
@@ -79,8 +80,10 @@ class Schedule:
         return max(0.0, 1.0 - self.multiplier(p))
 
     def features(self, p: float, c: float) -> tuple[float, float]:
-        """The model's two regressors at progress p: S^-c and the lr-scaled annealing (negated)."""
-        return max(self.area(p), 1e-9) ** -c, -self.lr * self.drop(p)
+        """The model's two regressors at progress p: S^-c (-ln S for c = 0) and the lr-scaled annealing
+        (negated)."""
+        s = max(self.area(p), 1e-9)
+        return (s ** -c if c > 0 else -math.log(s)), -self.lr * self.drop(p)
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,13 @@ class Curve:
 
 @dataclass(frozen=True)
 class Shared:
-    """The study-level parameters: exponent c, annealing gain k per unit lr drop, typical b."""
+    """The study-level parameters: exponent c, annealing gain k per unit lr drop, typical b, and the
+    fit's residual sum of squares."""
 
     c: float
     k: float
     b: float
+    sse: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,7 @@ def fit_shared(curves: Sequence[Curve]) -> list[Shared]:
         if row:
             keep[row - 1] = False
         bs = stats[ci, keep, 3] - kk * stats[ci, keep, 4]
-        out.append(Shared(_EXPONENTS[ci], kk, float(np.median(bs)) if len(bs) else 0.0))
+        out.append(Shared(_EXPONENTS[ci], kk, float(np.median(bs)) if len(bs) else 0.0, float(sse[row, ci])))
     return out
 
 
@@ -179,12 +184,13 @@ class LearningCurvePruner(BasePruner):
     standard deviations, ``prior_sigma`` (bpb) and ``prior_weight`` (pseudo-trials) for the
     uncertainty before the study has calibrated it, ``budget_s`` the charged seconds of the full
     budget (specs fill it in; else the largest step a completed trial reported), ``lr_param`` the
-    parameter whose value scales the annealing gain ("" for none).
+    parameter whose value scales the annealing gain ("" for none; "auto": whichever searched ``*_lr``
+    parameter, or none, fits the completed trials' curves best).
     """
 
     def __init__(self, n_startup_trials: int = 4, n_warmup_steps: int = 0, z: float = 2.0,
                  prior_sigma: float = 0.05, prior_weight: float = 2.0, budget_s: float | None = None,
-                 lr_param: str = "matrix_lr") -> None:
+                 lr_param: str = "auto") -> None:
         for name, v, low in (("n_startup_trials", n_startup_trials, 1), ("n_warmup_steps", n_warmup_steps, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
@@ -239,7 +245,7 @@ class LearningCurvePruner(BasePruner):
         return None if cal is None else self._prediction(trial, cal)
 
     def _prediction(self, trial: FrozenTrial, cal: _Calibration) -> Prediction | None:
-        curve = self._curve(trial, cal.budget_s, cal.fallback, final=False)
+        curve = self._curve(trial, cal.budget_s, cal.fallback, cal.lr_param, final=False)
         if curve is None or not curve.points or curve.points[-1][0] >= 1.0:
             return None
         return Prediction(predict_final(curve, cal.shared), cal.sigma(curve.points[-1][0]))
@@ -252,27 +258,37 @@ class LearningCurvePruner(BasePruner):
             return None
         key = (budget, tuple(t.number for t in done))
         if key != self._cache_key:
-            fallback = self._fallback(done)
-            curves = [cv for t in done if (cv := self._curve(t, budget, fallback, final=True)) and len(cv.points) >= 2]
-            if not curves:
-                return None
-            self._calibration = _Calibration(curves, fit_shared(curves), float(budget), fallback, self.prior_sigma,
-                                             self.prior_weight)
-            self._cache_key = key
+            searched = {k for t in done for k in t.params}
+            candidates = (("", *sorted(k for k in searched if k.endswith("_lr"))) if self.lr_param == "auto"
+                          else (self.lr_param,))
+            best: _Calibration | None = None
+            for lr_param in candidates:
+                fallback = self._fallback(done, lr_param, searched)
+                curves = [cv for t in done if (cv := self._curve(t, budget, fallback, lr_param, final=True))
+                          and len(cv.points) >= 2]
+                if not curves:
+                    return None
+                cal = _Calibration(curves, fit_shared(curves), float(budget), fallback, lr_param, self.prior_sigma,
+                                   self.prior_weight)
+                if best is None or cal.shared.sse < best.shared.sse * (1 - 1e-9):
+                    best = cal
+            self._calibration, self._cache_key = best, key
         return self._calibration
 
-    def _keys(self) -> tuple[str, ...]:
-        return ("warmup_ratio", "warmdown_ratio", "final_lr_frac", *((self.lr_param,) if self.lr_param else ()))
+    @staticmethod
+    def _keys(lr_param: str) -> tuple[str, ...]:
+        return ("warmup_ratio", "warmdown_ratio", "final_lr_frac", *((lr_param,) if lr_param else ()))
 
-    def _fallback(self, done: Sequence[FrozenTrial]) -> dict[str, float]:
+    def _fallback(self, done: Sequence[FrozenTrial], lr_param: str, searched: set[str]) -> dict[str, float]:
         """Schedule values no trial searches but the spec fixed: every completed trial's config has them."""
-        searched = {k for t in done for k in t.params}
         for t in done:
             if isinstance(t.user_attrs.get("config"), Mapping):
-                return schedule_values({}, t.user_attrs["config"], [k for k in self._keys() if k not in searched])
+                fixed = [k for k in self._keys(lr_param) if k not in searched]
+                return schedule_values({}, t.user_attrs["config"], fixed)
         return {}
 
-    def _curve(self, trial: FrozenTrial, budget: float, fallback: Mapping[str, float], final: bool) -> Curve | None:
+    def _curve(self, trial: FrozenTrial, budget: float, fallback: Mapping[str, float], lr_param: str,
+               final: bool) -> Curve | None:
         """The trial's points on the progress axis; a completed trial's final value sits at progress 1."""
         pts = {min(step / budget, 1.0): v for step, v in trial.intermediate_values.items()
                if math.isfinite(v) and step > 0}
@@ -281,14 +297,14 @@ class LearningCurvePruner(BasePruner):
             pts[1.0] = float(trial.value)  # type: ignore[arg-type]
         if not pts:
             return None
-        return Curve(tuple(sorted(pts.items())), self._schedule(trial, fallback))
+        return Curve(tuple(sorted(pts.items())), self._schedule(trial, fallback, lr_param))
 
-    def _schedule(self, trial: FrozenTrial, fallback: Mapping[str, float]) -> Schedule:
+    def _schedule(self, trial: FrozenTrial, fallback: Mapping[str, float], lr_param: str) -> Schedule:
         """Schedule values from the trial's parameters, else its recorded config, else the spec's fixed
         values (``fallback``), else the trainer's defaults."""
-        own = schedule_values(trial.params, trial.user_attrs.get("config"), self._keys())
+        own = schedule_values(trial.params, trial.user_attrs.get("config"), self._keys(lr_param))
         full = {**SCHEDULE_DEFAULTS, **fallback, **own}
-        lr = float(full.get(self.lr_param, 1.0)) if self.lr_param else 1.0
+        lr = float(full.get(lr_param, 1.0)) if lr_param else 1.0
         return Schedule(float(full["warmup_ratio"]), float(full["warmdown_ratio"]), float(full["final_lr_frac"]), lr)
 
 
@@ -307,8 +323,9 @@ class _Calibration:
     """The shared fit over completed trials and the empirical error of predictions from prefixes."""
 
     def __init__(self, curves: list[Curve], fits: list[Shared], budget_s: float, fallback: dict[str, float],
-                 prior_sigma: float, prior_weight: float) -> None:
+                 lr_param: str, prior_sigma: float, prior_weight: float) -> None:
         self.curves, self.shared, self.budget_s, self.fallback = curves, fits[0], budget_s, fallback
+        self.lr_param = lr_param
         self._loo = fits[1:]
         self._prior = (prior_sigma, prior_weight)
         self._sigmas: dict[float, float] = {}
