@@ -116,18 +116,26 @@ class Prediction:
     sigma: float
 
 
-def _sufficient(curve: Curve, c: float) -> tuple[float, float, float, float, float]:
-    """Partial the trial's own (a, b) out of y and of the annealing regressor x2.
+def _sufficient(curve: Curve) -> np.ndarray:
+    """Partial the trial's own (a, b) out of y and of the annealing regressor x2, for every exponent.
 
-    Returns sums for the shared k's closed-form fit (|ry|², <rx2, ry>, |rx2|²) and the slopes of y
-    and of x2 on S^-c, since the trial's own b given k is ``b_y - k * b_x2``.
+    Returns a (len(_EXPONENTS), 5) array: sums for the shared k's closed-form fit (|ry|², <rx2, ry>,
+    |rx2|²) and the slopes of y and of x2 on S^-c, since the trial's own b given k is b_y - k * b_x2.
     """
-    x = np.array([curve.schedule.features(p, c) for p, _ in curve.points])
+    sched = curve.schedule
+    area = np.array([max(sched.area(p), 1e-9) for p, _ in curve.points])
+    x2 = np.array([-sched.lr * sched.drop(p) for p, _ in curve.points])
     y = np.array([v for _, v in curve.points])
-    pinv = np.linalg.pinv(np.column_stack([np.ones(len(y)), x[:, 0]]))
-    ry = y - np.column_stack([np.ones(len(y)), x[:, 0]]) @ (pinv @ y)
-    rx = x[:, 1] - np.column_stack([np.ones(len(y)), x[:, 0]]) @ (pinv @ x[:, 1])
-    return float(ry @ ry), float(rx @ ry), float(rx @ rx), float(pinv[1] @ y), float(pinv[1] @ x[:, 1])
+    cs = np.array(_EXPONENTS)[:, None]
+    x1 = np.where(cs > 0, area[None, :] ** -np.maximum(cs, 1e-12), -np.log(area)[None, :])
+    xc = x1 - x1.mean(axis=1, keepdims=True)
+    vx = (xc * xc).sum(axis=1)
+    safe = np.where(vx > 1e-24, vx, 1.0)
+    by = np.where(vx > 1e-24, xc @ (y - y.mean()) / safe, 0.0)
+    bx = np.where(vx > 1e-24, xc @ (x2 - x2.mean()) / safe, 0.0)
+    ry = (y - y.mean())[None, :] - by[:, None] * xc
+    rx = (x2 - x2.mean())[None, :] - bx[:, None] * xc
+    return np.stack([(ry * ry).sum(1), (rx * ry).sum(1), (rx * rx).sum(1), by, bx], axis=1)
 
 
 def fit_shared(curves: Sequence[Curve]) -> list[Shared]:
@@ -138,7 +146,7 @@ def fit_shared(curves: Sequence[Curve]) -> list[Shared]:
     (>= 0: annealing never raises the loss) in closed form; the shared b is the median of the trials'.
     """
     n = len(curves)
-    stats = np.array([[_sufficient(cv, c) for cv in curves] for c in _EXPONENTS])  # (C, n, 5)
+    stats = np.stack([_sufficient(cv) for cv in curves], axis=1)  # (C, n, 5)
     totals = stats[:, :, :3].sum(axis=1)  # (C, 3)
     # Row 0: every curve; row j + 1: all but curve j.
     sums = np.concatenate([totals[None], totals[None] - stats[:, :, :3].transpose(1, 0, 2)])  # (n + 1, C, 3)
