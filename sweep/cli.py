@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, precompile
+from sweep import artifacts, precompile, replay
 from sweep import storage as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: no authentication)")
     d.add_argument("--port", type=int, default=8080)
     precompile.add_parser(sub)
+    replay.add_parser(sub)
     return p
 
 
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return _trial(spec, url, args, out)
         if args.command == "precompile":
             return precompile.main(spec, url, args, out)
+        if args.command == "replay":
+            return replay.main(spec, url, args, out)
         study = _load_study(spec, url)
         if args.command == "status":
             return _status(study, spec, args.json, out)

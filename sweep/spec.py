@@ -27,7 +27,7 @@ from sweep.space import Param, SearchSpace, SpaceError
 STUDIES_DIR = Path(__file__).resolve().parent / "studies"
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random")
-PRUNERS = ("hyperband", "successive_halving", "median", "percentile", "none")
+PRUNERS = ("hyperband", "successive_halving", "median", "percentile", "learning_curve", "none")
 # Optional packages some samplers need; checked without importing them.
 _SAMPLER_NEEDS = {"gp": ("scipy", "torch"), "cmaes": ("cmaes",)}
 _CONSTRAINT_SAMPLES = 1000
@@ -372,14 +372,9 @@ def _sampler(r: _Reader, raw: Any, seed: int | None) -> Component:
 
 
 def _pruner(r: _Reader, raw: Any, fractions: tuple[float, ...], budget_s: float) -> Component:
-    import optuna
-
     t = r.table(raw, "pruner", None)
     name = r.choice(t, "pruner.name", PRUNERS, default="none")
-    cls = {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-           "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
-           "none": optuna.pruners.NopPruner}[name]
-    opts = _options(r, "pruner", {**t, "name": name}, cls, set())
+    opts = _options(r, "pruner", {**t, "name": name}, _pruner_classes()[name], set())
     first = max(1, round(fractions[0] * budget_s)) if fractions else 1
     if name == "hyperband":
         opts.setdefault("min_resource", first)
@@ -388,6 +383,8 @@ def _pruner(r: _Reader, raw: Any, fractions: tuple[float, ...], budget_s: float)
         opts.setdefault("min_resource", first)
     elif name == "median":
         opts.setdefault("n_startup_trials", 2)
+    elif name == "learning_curve":
+        opts.setdefault("budget_s", budget_s)
     if name != "none" and not fractions:
         raise r.error("pruner.name", f"{name!r} needs intermediate evals: trial.eval_fractions is empty")
     try:
@@ -446,13 +443,19 @@ def build_sampler(c: Component) -> Any:
         return cls(**c.options)
 
 
-def build_pruner(c: Component) -> Any:
+def _pruner_classes() -> dict[str, type]:
+    """Pruner name -> class (imports lazily, like the samplers)."""
     import optuna
 
-    cls = {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-           "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
-           "none": optuna.pruners.NopPruner}[c.name]
-    return cls(**c.options)
+    from sweep.pruners import LearningCurvePruner
+
+    return {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+            "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
+            "learning_curve": LearningCurvePruner, "none": optuna.pruners.NopPruner}
+
+
+def build_pruner(c: Component) -> Any:
+    return _pruner_classes()[c.name](**c.options)
 
 
 def _space(r: _Reader, root: Mapping[str, Any]) -> SearchSpace:
