@@ -1,4 +1,4 @@
-"""``python -m sweep run|status|best|trial|dashboard|precompile``: the sweep's command line.
+"""``python -m sweep run|status|best|trial|dashboard|precompile|promote|export``: the sweep's command line.
 
 Exit codes follow DESIGN.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, precompile
+from sweep import artifacts, export, precompile, promote
 from sweep import storage as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: no authentication)")
     d.add_argument("--port", type=int, default=8080)
     precompile.add_parser(sub)
+    promote.add_parser(sub)
+    export.add_parser(sub)
     return p
 
 
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             dspec = load(args.study) if args.study else None
             url = st.resolve_url(dspec.storage if dspec else None)
             return _dashboard(dspec, url, args.host, args.port, out)
-        spec = load(args.study)
+        spec = promote.load_spec(args.study)  # a linked study (NAME-promote-B) too
         url = st.resolve_url(spec.storage)
         if args.command == "run":
             from sweep.driver import Driver
@@ -95,6 +97,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return _trial(spec, url, args, out)
         if args.command == "precompile":
             return precompile.main(spec, url, args, out)
+        if args.command == "promote":
+            return promote.main(spec, url, args, out)
+        if args.command == "export":
+            return export.main(spec, url, args, out)
         study = _load_study(spec, url)
         if args.command == "status":
             return _status(study, spec, args.json, out)
