@@ -297,8 +297,9 @@ def print_report(rep: dict[str, Any], out: TextIO) -> None:
         return "-" if v is None else f"{v:.4f}"
 
     print(f"promotion of study {rep['source_study']} at {rep['budget_s']:g} s, {rep['seeds']} seed(s) each: "
-          f"study {rep['study']}", file=out)
-    print(f"{'trial':>6} {'n':>3} {'mean':>8} {'±' + str(pct) + '%':>8} {'std':>8} {'screen':>8}  failed/pending",
+          f"study {rep['study']} (source: the configuration's trial in {rep['source_study']}; screen: its value there)",
+          file=out)
+    print(f"{'source':>6} {'n':>3} {'mean':>8} {'±' + str(pct) + '%':>8} {'std':>8} {'screen':>8}  failed/pending",
           file=out)
     for r in rep["configs"]:
         print(f"{r['source_trial']:>6} {r['n']:>3} {num(r['mean']):>8} {num(r['half_width']):>8} {num(r['std']):>8} "

@@ -141,9 +141,24 @@ def test_exported_train_py_trains_alone_and_load_for_eval_reads_its_checkpoint(s
     assert "_bundled_" in got["model_file"]  # served by the bundle, not found on disk
 
 
-def test_train_py_refuses_to_run_without_the_kit_in_one_line(study, tmp_path, capsys):
+@pytest.mark.slow
+def test_train_py_trains_on_the_kit_beside_it_and_refuses_to_run_without_one(study, tmp_path, capsys):
+    from tests.test_data_kit import FAKE_PREPARE
+
     out = tmp_path / "sub"
     assert export(study, out) == 0
+    run_dir = tmp_path / "with_kit"
+    run_dir.mkdir()
+    (run_dir / "train.py").write_bytes((out / "train.py").read_bytes())
+    (run_dir / "prepare.py").write_text(FAKE_PREPARE)
+    overrides = {"device": "cpu", "budget_s": 1, "num_threads": 1, "vocab_size": 260}  # the stand-in kit's vocabulary
+    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
+                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["config"]["data"] == f"kit:{run_dir / 'prepare.py'}"
+    assert (run_dir / "out" / "final.pt").is_file()
+
     proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=out, capture_output=True, text=True,
                           timeout=120, env=isolated_env(TRAIN_OVERRIDES='{"device": "cpu"}'))
     assert proc.returncode == 2
