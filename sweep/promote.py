@@ -287,6 +287,7 @@ def prepare(spec: StudySpec, source: Any, top: int, budget_s: float, seeds: int,
                 st.retry(lambda point=point, c=c, s=s: study.enqueue_trial(
                     point, user_attrs={"promote_source_trial": c["source_trial"], "promote_seed": s}), url=url)
                 have.add((config_key(c["params"]), s))
+    st.retry(lambda: study.set_user_attr("n_trials", len(have)), url=url)  # as the driver records it
     return dataclasses.replace(linked, n_trials=len(have)), study
 
 
