@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             dspec = load(args.study) if args.study else None
             url = st.resolve_url(dspec.storage if dspec else None)
             return _dashboard(dspec, url, args.host, args.port, out)
-        spec = promote.load_spec(args.study)  # a linked study (NAME-promote-B) too
+        spec = promote.load_spec(args.study, args.command)  # a linked study (NAME-promote-B) too
         url = st.resolve_url(spec.storage)
         if args.command == "run":
             from sweep.driver import Driver

@@ -10,7 +10,8 @@ says the difference is within noise.
 
 The reruns form a linked study, ``NAME-promote-B``, in the same storage, run by the same driver, Ray
 tasks and trainer as ``sweep run`` with no pruning. Its spec is derived from NAME's (see
-:func:`linked_spec`), so ``status``, ``best``, ``export`` and ``dashboard`` accept the linked name too.
+:func:`linked_spec`), so ``status``, ``best`` and ``export`` accept the linked name too (``run`` refuses it:
+it would sample new points), and the dashboard lists it beside its source.
 Its user attribute ``promote`` names the source study, the source trials and the seeds. Running the
 command again continues: replicates already in the study (finished, or failed for good) are never
 rerun; missing ones are enqueued (more seeds, or configurations that joined the top K since) and run.
@@ -71,8 +72,14 @@ def linked_spec(base: StudySpec, budget_s: float, n_trials: int = 1, seeds: int 
                                pruner=Component("none"), sampler=Component("random", {"seed": 0}))
 
 
-def load_spec(name_or_path: str) -> StudySpec:
-    """A study spec by name or path, or the derived spec of a linked study ``BASE-promote-B``."""
+READ_ONLY_COMMANDS = ("status", "best", "export", "promote")  # what a linked name may be given to
+
+
+def load_spec(name_or_path: str, command: str = "status") -> StudySpec:
+    """A study spec by name or path, or the derived spec of a linked study ``BASE-promote-B``.
+
+    Only reading commands take a linked name: ``sweep run`` of it would sample new points, not replicates.
+    """
     try:
         return load(name_or_path)
     except SpecError:
@@ -86,6 +93,9 @@ def load_spec(name_or_path: str) -> StudySpec:
         except SpecError:
             raise SpecError(f"{name_or_path}: neither a study spec nor a promotion of one "
                             f"(no spec {base_path})") from None
+        if command not in READ_ONLY_COMMANDS:
+            raise SpecError(f"{name_or_path} is a promotion of study {base.name!r}: `python -m sweep promote "
+                            f"{m['base']} --budget-s {m['budget']}` runs it") from None
         return linked_spec(base, float(m["budget"]))
 
 

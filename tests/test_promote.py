@@ -164,6 +164,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
         (["promote", str(tmp_path / "other.toml")], "no such study spec"),
         (["promote", str(empty)], "study 'empty' has no complete trial at its budget of 4 s to promote"),
         (["status", str(tmp_path / "nobase-promote-60.toml")], "neither a study spec nor a promotion of one"),
+        (["run", str(tmp_path / "src-promote-60.toml")], "is a promotion of study 'src': `python -m sweep promote"),
     ]
     for argv, message in cases:
         assert _main(argv) == 2, argv
