@@ -1,4 +1,4 @@
-"""``python -m sweep run|status|best|trial|dashboard|precompile``: the sweep's command line.
+"""``python -m sweep run|status|best|trial|dashboard|precompile|promote|export``: the sweep's command line.
 
 Exit codes follow DESIGN.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, precompile, replay
+from sweep import artifacts, export, precompile, promote, replay
 from sweep import storage as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=8080)
     precompile.add_parser(sub)
     replay.add_parser(sub)
+    promote.add_parser(sub)
+    export.add_parser(sub)
     return p
 
 
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             dspec = load(args.study) if args.study else None
             url = st.resolve_url(dspec.storage if dspec else None)
             return _dashboard(dspec, url, args.host, args.port, out)
-        spec = load(args.study)
+        spec = promote.load_spec(args.study, args.command)  # a linked study (NAME-promote-B) too
         url = st.resolve_url(spec.storage)
         if args.command == "run":
             from sweep.driver import Driver
@@ -98,6 +100,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return precompile.main(spec, url, args, out)
         if args.command == "replay":
             return replay.main(spec, url, args, out)
+        if args.command == "promote":
+            return promote.main(spec, url, args, out)
+        if args.command == "export":
+            return export.main(spec, url, args, out)
         study = _load_study(spec, url)
         if args.command == "status":
             return _status(study, spec, args.json, out)

@@ -1,0 +1,322 @@
+"""``python -m sweep promote NAME --top K --budget-s B --seeds S [--json]``: rerun a study's best at full budget.
+
+A short screen ranks configurations by one noisy run each at a budget that may favour the wrong ones;
+what is scored is one run at the full budget. Promotion takes the K best distinct configurations of
+study NAME (complete trials, best value first; parameters compared without ``seed``; ad-hoc trials run
+at another budget are left out), reruns each with seeds 0..S-1 at budget B and reports, per
+configuration, the mean val_bpb with a 95% Student-t confidence interval and the seeds' standard
+deviation. A winner is declared only when its interval clears the runner-up's; otherwise the report
+says the difference is within noise.
+
+The reruns form a linked study, ``NAME-promote-B``, in the same storage, run by the same driver, Ray
+tasks and trainer as ``sweep run`` with no pruning. Its spec is derived from NAME's (see
+:func:`linked_spec`), so ``status``, ``best`` and ``export`` accept the linked name too (``run`` refuses it:
+it would sample new points), and the dashboard lists it beside its source.
+Its user attribute ``promote`` names the source study, the source trials and the seeds. Running the
+command again continues: replicates already in the study (finished, or failed for good) are never
+rerun; missing ones are enqueued (more seeds, or configurations that joined the top K since) and run.
+Each replicate is a trial whose parameters are the configuration's plus ``seed``, so retries of lost
+trials keep their place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from sweep import storage as st
+from sweep.space import Param, SearchSpace, SpaceError
+from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
+
+SEED = "seed"  # the trainer's seed parameter: what varies between replicates
+CONFIDENCE = 0.95
+ATTR_PROMOTE = "promote"  # study user attribute of a linked study
+_LINKED = re.compile(r"^(?P<base>.+)-promote-(?P<budget>\d+(?:\.\d+)?)$")
+
+
+class PromoteError(ValueError):
+    """Bad input for promote; exit 2 with this one line."""
+
+
+# -- the linked study's spec ------------------------------------------------------------------------
+
+def linked_name(base: str, budget_s: float) -> str:
+    return f"{base}-promote-{budget_s:g}"
+
+
+def linked_spec(base: StudySpec, budget_s: float, n_trials: int = 1, seeds: int = 1) -> StudySpec:
+    """The spec the replicates run under: the source's, at ``budget_s``, with ``seed`` searched and no pruner.
+
+    Every replicate is enqueued with all its parameters, so the sampler never proposes one; the seed
+    is an int parameter (its range may grow between runs, which Optuna allows for ints). Intermediate
+    evaluations are kept unless they collide on the new budget's charged-second axis.
+    """
+    steps = [round(f * budget_s) for f in base.eval_fractions]
+    fractions = base.eval_fractions if len(set(steps)) == len(steps) else ()
+    space = base.space
+    params = [p for p in space.params if p.name != SEED] + [Param(SEED, "int", low=0, high=max(0, seeds - 1))]
+    try:
+        space = SearchSpace.build(params, space.derived, space.constraints,
+                                  {k: v for k, v in space.fixed.items() if k != SEED})
+    except SpaceError as e:
+        raise PromoteError(f"{base.path}: cannot search {SEED} for replicates: {e}") from None
+    return dataclasses.replace(base, name=linked_name(base.name, budget_s), budget_s=float(budget_s),
+                               eval_fractions=tuple(fractions), n_trials=max(1, n_trials), space=space,
+                               pruner=Component("none"), sampler=Component("random", {"seed": 0}))
+
+
+READ_ONLY_COMMANDS = ("status", "best", "export", "promote")  # what a linked name may be given to
+
+
+def load_spec(name_or_path: str, command: str = "status") -> StudySpec:
+    """A study spec by name or path, or the derived spec of a linked study ``BASE-promote-B``.
+
+    Only reading commands take a linked name: ``sweep run`` of it would sample new points, not replicates.
+    """
+    try:
+        return load(name_or_path)
+    except SpecError:
+        path = resolve_path(name_or_path)
+        m = _LINKED.match(path.stem)
+        if m is None or path.exists():
+            raise
+        base_path = path.with_name(m["base"] + path.suffix)
+        try:
+            base = load(base_path)
+        except SpecError:
+            raise SpecError(f"{name_or_path}: neither a study spec nor a promotion of one "
+                            f"(no spec {base_path})") from None
+        if command not in READ_ONLY_COMMANDS:
+            raise SpecError(f"{name_or_path} is a promotion of study {base.name!r}: `python -m sweep promote "
+                            f"{m['base']} --budget-s {m['budget']}` runs it") from None
+        return linked_spec(base, float(m["budget"]))
+
+
+# -- choosing configurations ------------------------------------------------------------------------
+
+def config_key(params: dict[str, Any]) -> str:
+    """What identifies a configuration: its parameters without the seed."""
+    return json.dumps({k: v for k, v in params.items() if k != SEED}, sort_keys=True, default=str)
+
+
+def top_configs(trials: list[Any], spec: StudySpec, k: int) -> list[dict[str, Any]]:
+    """The ``k`` best distinct configurations among the complete trials run at the spec's budget."""
+    from sweep.driver import ATTR_ADHOC_BUDGET
+
+    sign = 1.0 if spec.direction == "minimize" else -1.0
+    done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)
+            and float(t.user_attrs.get(ATTR_ADHOC_BUDGET, spec.budget_s)) == spec.budget_s]
+    picked: dict[str, dict[str, Any]] = {}
+    for t in sorted(done, key=lambda t: (sign * t.value, t.number)):
+        key = config_key(t.params)
+        if key not in picked:
+            picked[key] = {"source_trial": t.number, "source_value": t.value,
+                           "params": {p: v for p, v in t.params.items() if p != SEED}}
+        if len(picked) == k:
+            break
+    return list(picked.values())
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean, sample standard deviation and Student-t interval of one configuration's seeds."""
+
+    n: int
+    mean: float | None
+    std: float | None  # None below two values
+    half_width: float | None
+
+    @property
+    def low(self) -> float | None:
+        return None if self.half_width is None else self.mean - self.half_width  # type: ignore[operator]
+
+    @property
+    def high(self) -> float | None:
+        return None if self.half_width is None else self.mean + self.half_width  # type: ignore[operator]
+
+
+def summarize(values: list[float], confidence: float = CONFIDENCE) -> Summary:
+    if not values:
+        return Summary(0, None, None, None)
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Summary(1, mean, None, None)
+    from scipy.stats import t as student_t
+
+    std = statistics.stdev(values)
+    half = float(student_t.ppf(0.5 + confidence / 2, len(values) - 1)) * std / math.sqrt(len(values))
+    return Summary(len(values), mean, std, half)
+
+
+def verdict(rows: list[dict[str, Any]], direction: str) -> tuple[str, dict[str, Any] | None, str]:
+    """(kind, winning row, one line): ``winner``, ``within_noise``, ``undecided``, ``single`` or ``incomplete``."""
+    sign = 1.0 if direction == "minimize" else -1.0
+    ranked = sorted((r for r in rows if r["n"]), key=lambda r: sign * r["mean"])
+    if not ranked:
+        return "incomplete", None, "no configuration has a finished replicate yet"
+    if len(ranked) == 1:
+        return "single", None, f"only trial {ranked[0]['source_trial']}'s configuration has results: nothing to compare"
+    best, second = ranked[0], ranked[1]
+    if best["half_width"] is None or second["half_width"] is None:
+        return "undecided", None, (f"configurations of trials {best['source_trial']} and {second['source_trial']} "
+                                   "need at least 2 finished seeds each for an interval")
+    clears = best["ci_high"] < second["ci_low"] if sign > 0 else best["ci_low"] > second["ci_high"]
+    pct = round(100 * CONFIDENCE)
+    if clears:
+        return "winner", best, (f"winner: trial {best['source_trial']}'s configuration, mean {best['mean']:.4f}; its "
+                                f"{pct}% interval [{best['ci_low']:.4f}, {best['ci_high']:.4f}] clears the runner-up's "
+                                f"(trial {second['source_trial']}) [{second['ci_low']:.4f}, {second['ci_high']:.4f}]")
+    return "within_noise", None, (
+        f"within noise: trial {best['source_trial']}'s configuration (mean {best['mean']:.4f}, "
+        f"[{best['ci_low']:.4f}, {best['ci_high']:.4f}]) and trial {second['source_trial']}'s (mean "
+        f"{second['mean']:.4f}, [{second['ci_low']:.4f}, {second['ci_high']:.4f}]) overlap at {pct}%: more seeds "
+        "would tell them apart, if anything does")
+
+
+def report(study: Any, direction: str) -> dict[str, Any]:
+    """Per configuration of a linked study: its replicates, mean, std and interval; then the verdict."""
+    info = study.user_attrs.get(ATTR_PROMOTE) or {}
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("adhoc")]
+    rows = []
+    for c in info.get("configs", []):
+        key = config_key(c["params"])
+        mine = [t for t in trials if config_key(t.params) == key]
+        done = sorted((t for t in mine if t.state.name == "COMPLETE" and t.value is not None
+                       and math.isfinite(t.value)), key=lambda t: t.params.get(SEED, 0))
+        complete = {t.params.get(SEED) for t in done}
+        pending = {t.params.get(SEED) for t in mine if not t.state.is_finished()} - complete
+        failed = {t.params.get(SEED) for t in mine} - complete - pending  # final FAILs (or a retry not yet queued)
+        s = summarize([t.value for t in done])
+        rows.append({
+            "source_trial": c["source_trial"], "source_value": c["source_value"], "params": c["params"],
+            "n": s.n, "mean": s.mean, "std": s.std, "half_width": s.half_width, "ci_low": s.low, "ci_high": s.high,
+            "values": [t.value for t in done], "seeds": [t.params.get(SEED) for t in done],
+            "trials": [t.number for t in done], "failed": len(failed), "pending": len(pending),
+        })
+    sign = 1.0 if direction == "minimize" else -1.0
+    rows.sort(key=lambda r: (r["mean"] is None, sign * (r["mean"] or 0.0), r["source_trial"]))
+    kind, win, line = verdict(rows, direction)
+    return {"study": study.study_name, "source_study": info.get("source_study"), "budget_s": info.get("budget_s"),
+            "seeds": info.get("seeds"), "confidence": CONFIDENCE, "configs": rows, "verdict": kind,
+            "winner": win["source_trial"] if win else None, "message": line}
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def add_parser(sub: Any) -> None:
+    from sweep.cli import _seconds  # cli is loaded by the time it builds its parser
+
+    p = sub.add_parser("promote", help="rerun a study's K best configurations at a full budget with S seeds each, "
+                       "as a linked study, and compare them with confidence intervals")
+    p.add_argument("study", help="NAME (sweep/studies/NAME.toml) or a path to a .toml spec")
+    p.add_argument("--top", type=_positive_int, default=3, metavar="K", help="configurations to promote (default 3)")
+    p.add_argument("--budget-s", type=_seconds, default=1800.0, metavar="B",
+                   help="charged training seconds of each replicate (default 1800, the competition's)")
+    p.add_argument("--seeds", type=_positive_int, default=3, metavar="S", help="replicates per configuration "
+                   "(default 3)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (sweep output to stderr)")
+
+
+def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> int:
+    from sweep.cli import _load_study  # a missing study is cli's UsageError: exit 2
+
+    try:
+        source = _load_study(spec, url)
+        linked, study = prepare(spec, source, args.top, args.budget_s, args.seeds, url)
+    except PromoteError as e:
+        print(f"sweep: {' '.join(st.scrub(str(e), url).split())}", file=sys.stderr, flush=True)
+        return 2
+    code = 0
+    from sweep.driver import Driver, counts
+
+    if sum(counts(t) for t in study.get_trials(deepcopy=False)) < linked.n_trials:
+        code = Driver(linked, out=sys.stderr if args.json else out).run()
+    rep = report(_load_study(linked, url), spec.direction)
+    if args.json:
+        print(json.dumps(rep), file=out, flush=True)
+    else:
+        print_report(rep, out)
+    return code
+
+
+def prepare(spec: StudySpec, source: Any, top: int, budget_s: float, seeds: int, url: str) -> tuple[StudySpec, Any]:
+    """Create or extend the linked study: record its configurations, enqueue the replicates it lacks.
+
+    Returns its spec (``n_trials`` = every replicate it holds) and the study. Configurations promoted
+    before stay, in their order; new ones from the current top ``top`` are appended.
+    """
+    from sweep.driver import Driver
+
+    picked = top_configs(source.get_trials(deepcopy=False), spec, top)
+    if not picked:
+        raise PromoteError(f"study {spec.name!r} has no complete trial at its budget of {spec.budget_s:g} s to promote")
+    linked = linked_spec(spec, budget_s, seeds=seeds)
+    for c in picked:
+        try:
+            c["params"] = linked.space.validate({**c["params"], SEED: 0})
+            c["params"].pop(SEED)
+        except SpaceError as e:
+            raise PromoteError(f"trial {c['source_trial']} of study {spec.name!r} no longer fits its spec: {e}"
+                               ) from None
+    study = Driver(linked, out=sys.stderr).open_study()
+    info = study.user_attrs.get(ATTR_PROMOTE) or {}
+    configs = list(info.get("configs", []))
+    known = {config_key(c["params"]) for c in configs}
+    configs += [c for c in picked if config_key(c["params"]) not in known]
+    seeds = max(seeds, int(info.get("seeds", 0)))
+    linked = linked_spec(spec, budget_s, seeds=seeds)
+    info = {"source_study": spec.name, "source_budget_s": spec.budget_s, "budget_s": float(budget_s),
+            "seeds": seeds, "configs": configs}
+    st.retry(lambda: study.set_user_attr(ATTR_PROMOTE, info), url=url)
+
+    have = {(config_key(t.params), t.params.get(SEED)) for t in study.get_trials(deepcopy=False)
+            if not t.user_attrs.get("adhoc")}
+    for c in configs:
+        for s in range(seeds):
+            if (config_key(c["params"]), s) not in have:
+                point = {**c["params"], SEED: s}
+                st.retry(lambda point=point, c=c, s=s: study.enqueue_trial(
+                    point, user_attrs={"promote_source_trial": c["source_trial"], "promote_seed": s}), url=url)
+                have.add((config_key(c["params"]), s))
+    st.retry(lambda: study.set_user_attr("n_trials", len(have)), url=url)  # as the driver records it
+    return dataclasses.replace(linked, n_trials=len(have)), study
+
+
+def print_report(rep: dict[str, Any], out: TextIO) -> None:
+    pct = round(100 * rep["confidence"])
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4f}"
+
+    print(f"promotion of study {rep['source_study']} at {rep['budget_s']:g} s, {rep['seeds']} seed(s) each: "
+          f"study {rep['study']} (source: the configuration's trial in {rep['source_study']}; screen: its value there)",
+          file=out)
+    print(f"{'source':>6} {'n':>3} {'mean':>8} {'±' + str(pct) + '%':>8} {'std':>8} {'screen':>8}  failed/pending",
+          file=out)
+    for r in rep["configs"]:
+        print(f"{r['source_trial']:>6} {r['n']:>3} {num(r['mean']):>8} {num(r['half_width']):>8} {num(r['std']):>8} "
+              f"{num(r['source_value']):>8}  {r['failed']}/{r['pending']}", file=out)
+    print(rep["message"], file=out)
+    best = next((r for r in rep["configs"] if r["trials"]), None)
+    if best is not None:
+        print(f"export: python -m sweep export {rep['study']} --trial {best['trials'][0]} --out DIR", file=out)
+    out.flush()

@@ -1,0 +1,241 @@
+"""``sweep export``: the bundled train.py runs alone (no repo on the path), trains, checkpoints and loads for
+evaluation; the upload limit, the launch line, provenance and bad input."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweep import bundle, cli
+from sweep import storage as st
+from sweep.artifacts import code_version
+from tests.sweep_fixtures import tiny_spec, write_spec
+
+PARAMS = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
+
+# Runs a script with the repository unreachable: no PYTHONPATH (the caller drops it) and the editable install's
+# finder removed, checked before anything runs.
+ISOLATED = """
+import importlib.util, runpy, sys
+sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path_importer_cache.clear()
+for name in ("model", "kernels", "sweep"):
+    assert importlib.util.find_spec(name) is None, f"{name} is importable from {importlib.util.find_spec(name).origin}"
+"""
+
+RUN = ISOLATED + "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+
+EVAL = ISOLATED + """
+import torch
+spec = importlib.util.spec_from_file_location("submission", sys.argv[1])
+sub = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sub)
+model = sub.load_for_eval(sys.argv[2], "cpu")
+x = torch.randint(0, model.config.vocab_size, (2, 16))
+with torch.no_grad():
+    logits = model(x)
+print(__import__("json").dumps({"shape": list(logits.shape), "finite": bool(torch.isfinite(logits).all()),
+      "model_file": sys.modules["model"].__file__, "training": model.training}))
+"""
+
+
+def isolated_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+@pytest.fixture
+def study(tmp_path, tiny_config, monkeypatch):
+    """A study with a complete trial whose record holds the trainer's own resolved config, a failed trial
+    without a record, and a complete trial that ran on 2 ranks; SWEEP_STORAGE points at it."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from model.config import parse_config
+
+    spec_path = write_spec(tmp_path, "exp", tiny_spec(tiny_config["cache_dir"]))
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv("SWEEP_STORAGE", url)
+    from sweep.spec import load
+
+    spec = load(spec_path)
+    config = parse_config({**spec.space.trainer_config(PARAMS), "budget_s": spec.budget_s}).to_dict()
+    s = optuna.create_study(study_name="exp", storage=st.open_storage(url))
+    dists = spec.space.distributions(PARAMS)
+    record = {"status": "ok", "val_bpb": 2.5, "config": config, "device": "cpu"}
+    attrs = {**record, "record_fields": sorted(record), "launch_ranks": 1, "git_commit": "0" * 40, "git_dirty": False,
+             "spec_hash": "abc"}
+    s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=2.5, user_attrs=attrs))
+    s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, state=TrialState.FAIL,
+                                          user_attrs={"fail_reason": "crash: exit code 3"}))
+    s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=2.9,
+                                          user_attrs={**attrs, "launch_ranks": 2}))
+    return spec_path
+
+
+def export(study_path: Path, out: Path, *extra: str) -> int:
+    return cli.main(["export", str(study_path), "--out", str(out), *extra])
+
+
+@pytest.mark.slow
+def test_exported_train_py_trains_alone_and_load_for_eval_reads_its_checkpoint(study, tmp_path, tiny_config,
+                                                                                capsys):
+    out = tmp_path / "submission"
+    assert export(study, out) == 0, capsys.readouterr().err
+    printed, warned = capsys.readouterr()
+    assert "exported trial 0 of study exp" in printed
+    assert "ran code at commit 000000000000" in warned  # the record says another commit trained it
+    assert "8192 tokens" in warned  # a 512-token vocabulary cannot use the kit's data
+
+    text = (out / "train.py").read_bytes()
+    prov = json.loads((out / "provenance.json").read_text())
+    assert len(text) <= bundle.UPLOAD_LIMIT_BYTES and prov["train_py_bytes"] == len(text)
+    assert prov["train_py_sha256"] == hashlib.sha256(text).hexdigest()
+    assert (prov["study"], prov["trial"], prov["val_bpb"], prov["params"]) == ("exp", 0, 2.5, PARAMS)
+    assert prov["code_version"] == code_version() and prov["code_matches_trial"] is False
+    assert prov["trial_code_version"] == {"git_commit": "0" * 40, "git_dirty": False}
+    assert prov["bundle"]["encoding"] == "text" and "model.train" in prov["bundle"]["modules"]
+    assert "kernels._fake_nki" not in prov["bundle"]["modules"]
+    # The machine's keys are the submission's, the configuration's are the trial's.
+    cfg = prov["config"]
+    assert (cfg["device"], cfg["data"], cfg["budget_s"], cfg["num_threads"], cfg["eval_fractions"]) == \
+        ("neuron", "kit", 1800.0, 0, [])
+    assert (cfg["depth"], cfg["model_dim"], cfg["matrix_lr"], cfg["seq_len"]) == (1, 32, 0.02, 32)
+    assert cfg["cache_dir"] != tiny_config["cache_dir"]
+    launch = "NEURON_LOGICAL_NC_CONFIG=2 torchrun --standalone --nproc_per_node=1 train.py"
+    assert prov["launch"] == launch and launch in (out / "launch.sh").read_text()
+    assert os.access(out / "launch.sh", os.X_OK)
+    assert launch in text.decode() and "device = 'neuron'" in text.decode()
+
+    # Run it as the competition would, from its own directory, with the repository out of reach.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.py").write_bytes(text)
+    overrides = {"device": "cpu", "data": "demo", "budget_s": 2, "cache_dir": tiny_config["cache_dir"],
+                 "num_threads": 1}
+    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
+                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides)))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    summary = {ln.split(":")[0] for ln in lines[lines.index("---") + 1:]}
+    assert {"val_bpb", "training_seconds", "over_budget", "num_steps", "num_params_M"} <= summary
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["steps"] > 3 and result["train_seconds"] <= 2.05
+    assert result["config"]["depth"] == 1 and result["config"]["excluded_steps"] == 2
+    assert (run_dir / "out" / "final.pt").is_file()
+
+    proc = subprocess.run([sys.executable, "-c", EVAL, str(run_dir / "train.py"), str(run_dir / "out" / "final.pt")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=isolated_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["shape"] == [2, 16, 512] and got["finite"] and got["training"] is False
+    assert "_bundled_" in got["model_file"]  # served by the bundle, not found on disk
+
+
+@pytest.mark.slow
+def test_train_py_trains_on_the_kit_beside_it_and_refuses_to_run_without_one(study, tmp_path, capsys):
+    from tests.test_data_kit import FAKE_PREPARE
+
+    out = tmp_path / "sub"
+    assert export(study, out) == 0
+    run_dir = tmp_path / "with_kit"
+    run_dir.mkdir()
+    (run_dir / "train.py").write_bytes((out / "train.py").read_bytes())
+    (run_dir / "prepare.py").write_text(FAKE_PREPARE)
+    overrides = {"device": "cpu", "budget_s": 1, "num_threads": 1, "vocab_size": 260}  # the stand-in kit's vocabulary
+    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
+                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["config"]["data"] == f"kit:{run_dir / 'prepare.py'}"
+    assert (run_dir / "out" / "final.pt").is_file()
+
+    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=out, capture_output=True, text=True,
+                          timeout=120, env=isolated_env(TRAIN_OVERRIDES='{"device": "cpu"}'))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("train.py: the competition kit's prepare.py was not found")
+    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=out, capture_output=True, text=True,
+                          timeout=120, env=isolated_env(TRAIN_OVERRIDES="[1]"))
+    assert proc.returncode == 2 and "TRAIN_OVERRIDES must be a JSON object" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--trial", "7"], "--trial 7: study 'exp' has no trial 7"),
+    (["--trial", "1"], "trial 1 of study 'exp' has no result record to export (state FAIL; crash: exit code 3)"),
+    (["--trial", "2"], "trial 2 ran with 2 rank(s) at LNC 2; the competition launches 1, 4 or 8 ranks"),
+])
+def test_bad_trials_exit_2_with_one_line_and_write_nothing(study, tmp_path, capsys, args, message):
+    out = tmp_path / "sub"
+    assert export(study, out, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists()
+
+
+def test_unknown_study_and_bad_out_exit_2(study, tmp_path, capsys):
+    other = write_spec(tmp_path, "nothere", tiny_spec())
+    assert export(other, tmp_path / "x") == 2
+    assert "no study 'nothere'" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert export(study, afile) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert export(tmp_path / "missing.toml", tmp_path / "x") == 2
+    assert "no such study spec" in capsys.readouterr().err
+
+
+def test_over_the_upload_limit_fails_in_one_line(study, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bundle, "UPLOAD_LIMIT_BYTES", 20_000)
+    assert export(study, tmp_path / "sub") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "over the upload limit of 20,000" in err and "zlib" in err
+    assert not (tmp_path / "sub" / "train.py").exists()
+
+
+def test_compressed_bundle_when_text_does_not_fit(study, tmp_path, capsys, monkeypatch):
+    modules = bundle.collect()
+    text_size = len(bundle.render("", "", modules, encoding="text")[0].encode())
+    monkeypatch.setattr(bundle, "UPLOAD_LIMIT_BYTES", text_size - 1)
+    assert export(study, tmp_path / "sub") == 0
+    prov = json.loads((tmp_path / "sub" / "provenance.json").read_text())
+    assert prov["bundle"]["encoding"] == "zlib" and prov["train_py_bytes"] < text_size // 2
+    ns: dict = {}
+    exec(bundle.boot_source(), ns)
+    exec(bundle.modules_block(modules, "zlib"), ns)
+    assert {k: v[1] for k, v in ns["BUNDLED_MODULES"].items()} == {m.name: m.source for m in modules}
+
+
+@pytest.mark.parametrize("source", [
+    'x = """a"""\n', "s = '\\\\n'\n", 'q = """""" + "\\""\n', "a = 1  # ü — ✓\n", "tail\\\n",
+    "crlf = 1\r\n", "no newline", '""""\n',
+])
+def test_text_literal_reproduces_any_source(source):
+    assert ast.literal_eval(bundle.text_literal(source)) == source
+
+
+def test_finder_serves_source_to_inspect_and_refuses_a_foreign_package(monkeypatch):
+    from sweep import bundle_boot
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    for name in ("tsb_pkg", "tsb_pkg.mod"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    modules = {"tsb_pkg": (True, "VALUE = 1\n"), "tsb_pkg.mod": (False, "def f():\n    return 42\n")}
+    bundle_boot.install(modules, "id1", "/nonexistent/b")
+    bundle_boot.install(modules, "id1", "/nonexistent/b")  # once only
+    assert sum(getattr(f, "bundle_id", None) == "id1" for f in sys.meta_path) == 1
+    import tsb_pkg.mod  # noqa: F401  (served by the finder)
+
+    mod = sys.modules["tsb_pkg.mod"]
+    assert mod.f() == 42 and inspect.getsource(mod.f) == modules["tsb_pkg.mod"][1]
+    assert mod.__file__ == "/nonexistent/b/tsb_pkg/mod.py" and sys.modules["tsb_pkg"].VALUE == 1
+    with pytest.raises(ImportError, match="already imported from"):
+        bundle_boot.install({"json": (False, "")}, "id2", "/nonexistent/c")
