@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def _load_model(checkpoint: Path, device: torch.device) -> torch.nn.Module:
         raise InputError(f"{checkpoint}: no such checkpoint")
     try:
         return load_for_eval(checkpoint, device)
-    except (RuntimeError, KeyError, TypeError, ValueError, EOFError, OSError) as e:
+    except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError, ValueError, EOFError, OSError) as e:
         raise InputError(f"{checkpoint}: not a loadable checkpoint ({_first_line(e)})") from None
 
 
