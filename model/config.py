@@ -48,7 +48,7 @@ class RunConfig:
     core_bundle: str = ""  # CORE after the final eval: "" none, "demo" the demo bundle, else a bundle directory
     core_max_seconds: float = 3600.0  # CORE's time limit; past it the result is marked incomplete
     core_max_examples: int = 0  # per task; 0: all
-    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge
+    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge, core_crash (CORE raises)
     fault_step: int = 0
 
 
@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "seq_len": 128,
 }
 
-FAULTS = ("", "hang", "crash", "oom", "diverge")
+FAULTS = ("", "hang", "crash", "oom", "diverge", "core_crash")
 
 
 @dataclass

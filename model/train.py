@@ -314,12 +314,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             save_checkpoint(model, out_dir / "final.pt", ds.tokenizer)
             result["checkpoint"] = str(out_dir / "final.pt")
         if core_tasks is not None:
-            core = evaluate_core(model, ds.tokenizer, core_tasks, seq_len=T, batch_size=B, device=rt.device,
-                                 autocast=rt.autocast(), max_seconds=run.core_max_seconds,
-                                 max_examples=run.core_max_examples, rank=rt.rank, world_size=rt.world_size)
-            result.update(core.record())
-            events.log(f"CORE {core.core} over {core.examples} examples in {core.seconds:.1f}s"
-                       + ("" if core.complete else " (time limit: incomplete)"))
+            result.update(_run_core(model, ds.tokenizer, core_tasks, cfg, rt, events))
     model_flops = model.flops_per_token() * result["tokens_per_second"]
     peak = rt.peak_flops()
     result["model_flops_per_second"] = model_flops
@@ -334,6 +329,24 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     result["peak_memory_bytes"] = rt.peak_memory_bytes()
     result["config"] = cfg.to_dict()
     return result
+
+
+def _run_core(model: GPT, tokenizer: Any, tasks: list, cfg: TrainConfig, rt: devices.Runtime,
+              events: Events) -> dict[str, Any]:
+    """CORE's record fields; a failure here costs the CORE figure (core_error says why), never the val_bpb."""
+    run = cfg.run
+    try:
+        if run.fault == "core_crash":
+            raise RuntimeError("injected fault in CORE")
+        core = evaluate_core(model, tokenizer, tasks, seq_len=cfg.model.seq_len, batch_size=run.batch_size,
+                             device=rt.device, autocast=rt.autocast(), max_seconds=run.core_max_seconds,
+                             max_examples=run.core_max_examples, rank=rt.rank, world_size=rt.world_size)
+    except (RuntimeError, MemoryError) as e:  # torch's OutOfMemoryError is a RuntimeError
+        events.log(f"CORE failed: {e!r}")
+        return {**NO_CORE, "core_error": f"{type(e).__name__}: {_first_line(e)}"}
+    events.log(f"CORE {core.core} over {core.examples} examples in {core.seconds:.1f}s"
+               + ("" if core.complete else " (time limit: incomplete)"))
+    return core.record()
 
 
 def save_checkpoint(model: GPT, path: Path, tokenizer: Any = None) -> None:

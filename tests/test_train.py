@@ -217,3 +217,13 @@ def test_resolve_batch_derives_grad_accum_from_the_world_size():
     unset = parse_config({"grad_accum": 3})
     resolve_batch(unset, world_size=8)
     assert unset.run.grad_accum == 3  # total_batch_tokens 0 leaves grad_accum alone
+
+
+@pytest.mark.slow
+def test_a_failing_core_costs_the_core_figure_not_the_val_bpb(run_trainer, tiny_config):
+    config = {**tiny_config, "max_steps": 3, "eval_fractions": [1.0], "core_bundle": "demo", "fault": "core_crash"}
+    run = run_trainer(config, budget_s=100)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result["status"] == "ok" and result["val_bpb"] > 0
+    assert result["core"] is None and result["core_error"] == "RuntimeError: injected fault in CORE"
