@@ -341,25 +341,39 @@ def evaluate_core(
 
     Stops before a batch that would end past max_seconds (judged by the last batch's time) and then
     reports what it scored with complete=False. max_examples > 0 limits each task to that many examples.
+    autocast: a context manager for the forward (None: none); clock: seconds, replaceable in tests.
     """
     t0 = clock()
     was_training = model.training
     model.eval()
+    try:
+        counts = _score_all(model, tokenizer, tasks, _order(tasks, max_examples)[rank::world_size], seq_len,
+                            batch_size, torch.device(device), autocast, max_seconds, clock, t0)
+    finally:
+        model.train(was_training)
+    if dist.is_available() and dist.is_initialized() and world_size > 1:
+        reduced = counts.to(device)
+        dist.all_reduce(reduced)
+        counts = reduced.cpu()
+    return _result(tasks, counts, clock() - t0)
+
+
+def _score_all(model: torch.nn.Module, tokenizer: TextEncoder, tasks: Sequence[Task],
+               order: Sequence[tuple[int, int]], seq_len: int, batch_size: int, device: torch.device, autocast,
+               max_seconds: float, clock: Callable[[], float], t0: float) -> torch.Tensor:
+    """(tasks + 1, 2) float32: per task (correct, scored); the last row's first entry is 1 if time ran out."""
     autocast = autocast if autocast is not None else torch.autocast("cpu", enabled=False)
-    device = torch.device(device)
-    order = _order(tasks, max_examples)[rank::world_size]
-    counts = torch.zeros(len(tasks) + 1, 2, dtype=torch.float32)  # per task (correct, scored); last: stopped
+    counts = torch.zeros(len(tasks) + 1, 2, dtype=torch.float32)
     rows = _rows(tasks, order, tokenizer, seq_len)
     last_batch_s = 0.0
-    stopped = False
     while True:
         t_batch = clock()
-        if t_batch - t0 + last_batch_s > max_seconds:
-            stopped = True
-            break
         batch = [r for _, r in zip(range(batch_size), rows, strict=False)]
         if not batch:
-            break
+            return counts
+        if clock() - t0 + last_batch_s > max_seconds:
+            counts[-1, 0] = 1.0
+            return counts
         x = torch.full((batch_size, seq_len), tokenizer.bos_id, dtype=torch.long)
         mask = torch.zeros(batch_size, seq_len, dtype=torch.bool)
         for b, (_, _, ids, start, end) in enumerate(batch):
@@ -373,13 +387,6 @@ def evaluate_core(
                 counts[pending.task, 0] += _is_correct(tasks[pending.task], pending)
                 counts[pending.task, 1] += 1
         last_batch_s = clock() - t_batch
-    counts[-1, 0] = float(stopped)
-    if dist.is_available() and dist.is_initialized() and world_size > 1:
-        reduced = counts.to(device)
-        dist.all_reduce(reduced)
-        counts = reduced.cpu()
-    model.train(was_training)
-    return _result(tasks, counts, clock() - t0)
 
 
 def _result(tasks: Sequence[Task], counts: torch.Tensor, seconds: float) -> CoreResult:

@@ -121,6 +121,10 @@ def test_time_limit_stops_before_crossing_it_and_flags_incomplete(hand, tok):
     assert 0 < result.examples < 16
     assert set(result.tasks) == {"mc", "mc_2shot", "schema", "lm"}  # round-robin: every task got examples
     assert result.core == pytest.approx(sum(result.tasks.values()) / 4)
+    # Time that would run out only after the last batch does not make a finished evaluation incomplete.
+    model = BigramModel()
+    result = evaluate_core(model, tok, hand, seq_len=32, batch_size=45, max_seconds=1.5, clock=FakeClock(model))
+    assert len(model.shapes) == 1 and result.complete and result.examples == 16
 
 
 def test_time_limit_holds_in_real_time_with_a_slow_model(hand, tok):
