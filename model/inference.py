@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model.inference", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="a final.pt written by model.train")
     parser.add_argument("--bundle", required=True, help='an eval bundle directory, or "demo"')
-    parser.add_argument("--max-seconds", type=_positive(float, 1e-9), default=RunConfig.core_max_seconds)
+    parser.add_argument("--max-seconds", type=_positive(float, 1e-9), default=RunConfig.core_max_seconds,
+                        help="the evaluation's time limit (loading not included); past it: core_complete false")
     parser.add_argument("--max-examples", type=_positive(int, 0), default=0, help="per task; 0: all")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "neuron"), default="auto")
     parser.add_argument("--batch-size", type=_positive(int, 1), default=RunConfig.batch_size)
