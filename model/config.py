@@ -25,6 +25,7 @@ class ConfigError(ValueError):
 class RunConfig:
     batch_size: int = 16  # sequences per rank per micro-step
     grad_accum: int = 1
+    total_batch_tokens: int = 0  # > 0: the global batch in tokens, from which grad_accum is derived per world size
     seed: int = 0
     budget_s: float = 30.0  # charged training seconds
     startup_allowance_s: float = 900.0  # start-up time not charged, as in the competition kit
@@ -44,7 +45,10 @@ class RunConfig:
     max_loss: float = 0.0  # a training loss above this, or not finite, is divergence; 0: 2 ln(vocab)
     log_every: int = 10
     save_checkpoint: bool = True
-    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge
+    core_bundle: str = ""  # CORE after the final eval: "" none, "demo" the demo bundle, else a bundle directory
+    core_max_seconds: float = 3600.0  # CORE's time limit; past it the result is marked incomplete
+    core_max_examples: int = 0  # per task; 0: all
+    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge, core_crash (CORE raises)
     fault_step: int = 0
 
 
@@ -57,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "seq_len": 128,
 }
 
-FAULTS = ("", "hang", "crash", "oom", "diverge")
+FAULTS = ("", "hang", "crash", "oom", "diverge", "core_crash")
 
 
 @dataclass
@@ -139,7 +143,8 @@ def _check_run(run: RunConfig) -> None:
     for key in ("batch_size", "grad_accum", "eval_tokens", "final_eval_tokens", "log_every"):
         if getattr(run, key) <= 0:
             raise ConfigError(f"{key} must be positive, got {getattr(run, key)}")
-    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "fault_step"):
+    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "fault_step",
+                "core_max_examples", "total_batch_tokens"):
         if getattr(run, key) < 0:
             raise ConfigError(f"{key} must not be negative, got {getattr(run, key)}")
     if any(not 0 < f <= 1 for f in run.eval_fractions):
@@ -150,6 +155,28 @@ def _check_run(run: RunConfig) -> None:
         raise ConfigError(f"device must be auto, cpu, cuda or neuron, got {run.device!r}")
     if run.max_loss < 0:
         raise ConfigError(f"max_loss must not be negative, got {run.max_loss}")
+    if run.core_max_seconds <= 0:
+        raise ConfigError(f"core_max_seconds must be positive, got {run.core_max_seconds}")
+
+
+def resolve_batch(cfg: TrainConfig, world_size: int) -> None:
+    """Derive grad_accum from total_batch_tokens once the world size is known (a no-op when it is 0).
+
+    grad_accum = total_batch_tokens / (batch_size * seq_len * world_size) must be a whole number >= 1;
+    an explicit grad_accum other than 1 must agree with it.
+    """
+    run, total = cfg.run, cfg.run.total_batch_tokens
+    if not total:
+        return
+    per_micro = run.batch_size * cfg.model.seq_len * world_size
+    if total % per_micro:
+        raise ConfigError(f"total_batch_tokens {total} is not a multiple of batch_size * seq_len * world_size"
+                          f" = {run.batch_size} * {cfg.model.seq_len} * {world_size} = {per_micro}")
+    derived = total // per_micro
+    if run.grad_accum not in (1, derived):
+        raise ConfigError(f"grad_accum {run.grad_accum} contradicts total_batch_tokens {total}, which gives"
+                          f" {derived} at world size {world_size}")
+    run.grad_accum = derived
 
 
 def _check_optim(optim: OptimConfig) -> None:

@@ -1,4 +1,4 @@
-"""Validation bits per byte, as the competition defines it.
+"""Validation bits per byte, as the competition defines it; and CORE (model.core), exposed here.
 
 bpb = sum of cross-entropy (nats) over target tokens whose byte length is positive, divided by
 ln 2 times the sum of those byte lengths. Special tokens have length 0 and so count in neither sum;
@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from model.core import CoreResult, Task, evaluate_core, load_bundle
+
+__all__ = ["BpbResult", "CoreResult", "Task", "evaluate_bpb", "evaluate_core", "load_bundle"]
 
 
 @dataclass(frozen=True)

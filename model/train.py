@@ -5,7 +5,8 @@
 
 The charged clock runs during training steps only: start-up is free up to an allowance (what it spends past
 that is charged), the first few steps are excluded, intermediate evaluations pause it, and the loop stops
-before the next step would cross the budget. With --json, stdout carries JSON lines (`start`, `step`,
+before the next step would cross the budget. After the final evaluation, CORE runs when `core_bundle` is set
+(not charged; its seconds are recorded apart). With --json, stdout carries JSON lines (`start`, `step`,
 `eval`, then `result`, always last); human-readable logs go to stderr.
 
 Exit codes: 0 when a result with status ok, stopped or diverged was printed; 1 when the run failed
@@ -33,12 +34,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from model import device as devices  # noqa: E402
-from model.config import ConfigError, TrainConfig, load_config_arg, parse_config  # noqa: E402
-from model.evaluate import evaluate_bpb  # noqa: E402
+from model.config import ConfigError, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
+from model.evaluate import evaluate_bpb, evaluate_core, load_bundle  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
 STOP_NONE, STOP_BUDGET, STOP_SIGNAL, STOP_DIVERGED = 0, 1, 2, 3
+# The CORE fields of a record where CORE did not run (no bundle, or no finished training to score).
+NO_CORE: dict[str, Any] = {"core": None, "core_tasks": {}, "core_seconds": 0.0, "core_complete": False,
+                           "core_examples": 0}
 
 
 class Events:
@@ -190,6 +194,11 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     ds = load_dataset(run.data or None, vocab_size, cache_dir=run.cache_dir,
                       tokenizer=run.tokenizer or None, val_shard=run.val_shard or None)
     cfg.model.vocab_size = ds.vocab_size
+    core_tasks = None
+    if run.core_bundle:  # read before training: a broken bundle must fail fast, not after the budget
+        from model.democore import resolve_bundle
+
+        core_tasks = load_bundle(resolve_bundle(run.core_bundle, run.cache_dir))
     max_loss = run.max_loss or 2.0 * math.log(ds.vocab_size)
     model = GPT(cfg.model).to(rt.device)
     model.train()
@@ -291,6 +300,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "step_seconds_max": max(clock.step_times, default=0.0), "step_seconds_sum": sum(clock.step_times),
         "excluded_steps": run.excluded_steps,
         "excluded_seconds": clock.excluded_s,
+        **NO_CORE,
     }
     if state.status == "ok":
         t0 = time.perf_counter()
@@ -301,8 +311,10 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         state.eval_seconds += time.perf_counter() - t0
         result["eval_seconds"] = state.eval_seconds
         if out_dir is not None and run.save_checkpoint and rt.is_master:
-            save_checkpoint(model, out_dir / "final.pt")
+            save_checkpoint(model, out_dir / "final.pt", ds.tokenizer)
             result["checkpoint"] = str(out_dir / "final.pt")
+        if core_tasks is not None:
+            result.update(_run_core(model, ds.tokenizer, core_tasks, cfg, rt, events))
     model_flops = model.flops_per_token() * result["tokens_per_second"]
     peak = rt.peak_flops()
     result["model_flops_per_second"] = model_flops
@@ -319,9 +331,33 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     return result
 
 
-def save_checkpoint(model: GPT, path: Path) -> None:
-    """Write atomically: a reader never sees half a checkpoint."""
+def _run_core(model: GPT, tokenizer: Any, tasks: list, cfg: TrainConfig, rt: devices.Runtime,
+              events: Events) -> dict[str, Any]:
+    """CORE's record fields; a failure here costs the CORE figure (core_error says why), never the val_bpb."""
+    run = cfg.run
+    try:
+        if run.fault == "core_crash":
+            raise RuntimeError("injected fault in CORE")
+        core = evaluate_core(model, tokenizer, tasks, seq_len=cfg.model.seq_len, batch_size=run.batch_size,
+                             device=rt.device, autocast=rt.autocast(), max_seconds=run.core_max_seconds,
+                             max_examples=run.core_max_examples, rank=rt.rank, world_size=rt.world_size)
+    except (RuntimeError, MemoryError) as e:  # torch's OutOfMemoryError is a RuntimeError
+        events.log(f"CORE failed: {e!r}")
+        return {**NO_CORE, "core_error": f"{type(e).__name__}: {_first_line(e)}"}
+    events.log(f"CORE {core.core} over {core.examples} examples in {core.seconds:.1f}s"
+               + ("" if core.complete else " (time limit: incomplete)"))
+    return core.record()
+
+
+def save_checkpoint(model: GPT, path: Path, tokenizer: Any = None) -> None:
+    """Write atomically: a reader never sees half a checkpoint.
+
+    The tokenizer, when it can be saved, goes next to it as tokenizer.json (where model.inference looks).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    ours = tokenizer.as_tokenizer() if hasattr(tokenizer, "as_tokenizer") else tokenizer  # the kit's wraps ours
+    if ours is not None:
+        ours.save(path.parent / "tokenizer.json")
     tmp = path.with_suffix(".tmp")
     torch.save({"model_config": model.config.to_dict(), "state_dict": model.state_dict()}, tmp)
     tmp.replace(path)
@@ -370,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"error: device {cfg.run.device}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    try:
+        resolve_batch(cfg, rt.world_size)
+    except ConfigError as e:
+        devices.teardown()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     events = Events(rt.is_master, args.json)
     code = 0
     try:
@@ -399,7 +441,7 @@ def _first_line(e: BaseException) -> str:
 
 def _failed(cfg: TrainConfig, rt: devices.Runtime, reason: str) -> dict[str, Any]:
     return {"status": "failed", "reason": reason, "val_bpb": None, "device": rt.kind,
-            "world_size": rt.world_size, "config": cfg.to_dict()}
+            "world_size": rt.world_size, **NO_CORE, "config": cfg.to_dict()}
 
 
 if __name__ == "__main__":

@@ -165,3 +165,65 @@ def test_config_file_and_inline_json_agree(tmp_path):
     from model.config import load_config_arg
 
     assert parse_config(load_config_arg(str(path))).to_dict() == parse_config(load_config_arg('{"depth": 3}')).to_dict()
+
+
+@pytest.mark.slow
+def test_total_batch_tokens_sets_grad_accum_on_two_ranks(run_trainer, tiny_config):
+    # 2 ranks x 4 sequences x 64 tokens = 512 tokens a micro-step, so 1024 tokens a step is grad_accum 2.
+    config = {**tiny_config, "batch_size": 4, "total_batch_tokens": 1024, "max_steps": 6, "eval_fractions": [1.0]}
+    run = run_trainer(config, budget_s=100, ranks=2, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result["world_size"] == 2 and result["config"]["grad_accum"] == 2
+    assert result["steps"] == 6 and result["tokens"] == 6 * 1024
+    assert run.of("start")[0]["config"]["grad_accum"] == 2
+    assert result["core"] is None and result["core_tasks"] == {} and result["core_complete"] is False
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"total_batch_tokens": 1000}, "total_batch_tokens 1000 is not a multiple of batch_size * seq_len"),
+    ({"total_batch_tokens": 2048, "grad_accum": 3}, "grad_accum 3 contradicts total_batch_tokens 2048"),
+    ({"core_bundle": "/nonexistent/bundle"}, "/nonexistent/bundle/core.yaml: cannot read the task list"),
+])
+def test_bad_batch_or_bundle_exits_2_with_one_line_before_training(tiny_config, config, message):
+    proc = subprocess.run(trainer_command({**tiny_config, **config}, budget_s=5), cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert '"event": "step"' not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"core_max_seconds": 0}, "core_max_seconds must be positive"),
+    ({"core_max_examples": -1}, "core_max_examples must not be negative"),
+    ({"total_batch_tokens": -8}, "total_batch_tokens must not be negative"),
+    ({"core_bundle": 3}, "config key 'core_bundle' expects str"),
+    ({"core_max_examples": 1.5}, "config key 'core_max_examples' expects int"),
+])
+def test_core_and_batch_keys_are_strict(values, message):
+    from model.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(values)
+
+
+def test_resolve_batch_derives_grad_accum_from_the_world_size():
+    from model.config import resolve_batch
+
+    cfg = parse_config({"batch_size": 4, "seq_len": 32, "total_batch_tokens": 1024})
+    resolve_batch(cfg, world_size=4)
+    assert cfg.run.grad_accum == 2
+    unset = parse_config({"grad_accum": 3})
+    resolve_batch(unset, world_size=8)
+    assert unset.run.grad_accum == 3  # total_batch_tokens 0 leaves grad_accum alone
+
+
+@pytest.mark.slow
+def test_a_failing_core_costs_the_core_figure_not_the_val_bpb(run_trainer, tiny_config):
+    config = {**tiny_config, "max_steps": 3, "eval_fractions": [1.0], "core_bundle": "demo", "fault": "core_crash"}
+    run = run_trainer(config, budget_s=100)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result["status"] == "ok" and result["val_bpb"] > 0
+    assert result["core"] is None and result["core_error"] == "RuntimeError: injected fault in CORE"

@@ -1,0 +1,215 @@
+"""CORE: scores a hand-built model gets exactly, static shapes, few-shot draws, the time limit, bad bundles."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from model.core import evaluate_core, fewshot_indices, fit_row, load_bundle, task_rows
+from model.dataio import DataError
+from model.democore import build_demo_bundle
+from model.evaluate import evaluate_core as exposed
+from tests.core_bundle import (
+    HAND_ACCURACY,
+    HAND_CENTERED,
+    HAND_CORE,
+    HAND_TASKS,
+    LM,
+    MC,
+    SCHEMA,
+    BigramModel,
+    byte_tokenizer,
+    write_bundle,
+    write_hand_bundle,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_tokenizer()
+
+
+@pytest.fixture
+def hand(tmp_path):
+    return load_bundle(write_hand_bundle(tmp_path / "bundle"))
+
+
+def test_hand_model_scores_exactly_what_was_worked_out(hand, tok):
+    assert exposed is evaluate_core  # DESIGN: evaluate.py is where CORE is found
+    result = evaluate_core(BigramModel(), tok, hand, seq_len=32, batch_size=3)
+    assert result.accuracy == pytest.approx(HAND_ACCURACY)
+    assert result.tasks == pytest.approx(HAND_CENTERED)
+    assert result.core == pytest.approx(HAND_CORE)
+    assert result.complete and result.examples == 16
+    assert result.record()["core_tasks"] == result.tasks
+
+
+@pytest.mark.parametrize("batch_size, seq_len", [(1, 16), (4, 64), (7, 24)])
+def test_every_batch_has_one_fixed_shape_and_the_shape_does_not_change_scores(hand, tok, batch_size, seq_len):
+    model = BigramModel()
+    result = evaluate_core(model, tok, hand, seq_len=seq_len, batch_size=batch_size)
+    assert set(model.shapes) == {(batch_size, seq_len)}
+    rows = 4 * 4 + 4 * 4 + (2 + 2 + 2 + 3) + 4  # mc, mc_2shot, schema, lm
+    assert len(model.shapes) == math.ceil(rows / batch_size)  # one forward per batch
+    assert result.tasks == pytest.approx(HAND_CENTERED)
+
+
+def test_fit_row_left_truncates_keeping_bos_and_pads_with_bos():
+    tokens = [99, *range(10)]  # BOS 99, then ten tokens; the continuation is the last three
+    row, start, end = fit_row(tokens, 8, 11, 6, 99)
+    assert row == [99, 5, 6, 7, 8, 9] and row[start:end] == [7, 8, 9]
+    row, start, end = fit_row(tokens[:4], 2, 4, 6, 99)
+    assert row == [99, 0, 1, 2, 99, 99] and (start, end) == (2, 4)
+    row, start, end = fit_row(tokens, 2, 11, 4, 99)  # a continuation longer than the row keeps its tail
+    assert row == [99, 7, 8, 9] and (start, end) == (1, 4)
+
+
+def test_a_long_context_is_cut_on_the_left_and_still_scored(tmp_path, tok):
+    long = [{"context": "z" * 500 + " Q:", "continuation": "aaa"}, {"context": "z" * 300 + " Q:", "continuation": "ab"}]
+    task = {"label": "long", "dataset_uri": "long.jsonl", "num_fewshot": 0, "icl_task_type": "language_modeling"}
+    tasks = load_bundle(write_bundle(tmp_path, [task], {"long.jsonl": long}, {"long": 0}))
+    model = BigramModel()
+    result = evaluate_core(model, tok, tasks, seq_len=16, batch_size=2)
+    assert result.accuracy == {"long": 0.5} and set(model.shapes) == {(2, 16)}
+
+
+def test_fewshot_draws_are_fixed_distinct_and_never_the_example_itself():
+    for idx in range(12):
+        draw = fewshot_indices(12, idx, 4)
+        assert draw == fewshot_indices(12, idx, 4) and idx not in draw and len(set(draw)) == 4
+    assert len({tuple(fewshot_indices(12, i, 4)) for i in range(12)}) > 6  # not one draw for all
+    assert sorted(fewshot_indices(3, 1, 5)) == [0, 2]  # asks for more than there are: all the others
+
+
+def test_fewshot_prompts_carry_other_examples_with_their_gold_answers(tmp_path, tok):
+    rows = [{"query": f"q{i}:", "choices": [f"right{i}", f"wrong{i}"], "gold": 0} for i in range(6)]
+    task = {"label": "t", "dataset_uri": "t.jsonl", "num_fewshot": [3], "icl_task_type": "multiple_choice"}
+    (t,) = load_bundle(write_bundle(tmp_path, [task], {"t.jsonl": rows}, {"t": 50}))
+    for idx in range(6):
+        text = tok.decode(task_rows(t, idx, tok)[0][0][1:])
+        shots = fewshot_indices(6, idx, 3)
+        assert text == "".join(f"q{i}: right{i}\n\n" for i in shots) + f"q{idx}: right{idx}"
+
+
+def test_schema_and_lm_rows_score_the_shared_continuation_only(hand, tok):
+    schema, lm = hand[2], hand[3]
+    for tokens, start, end in task_rows(schema, 3, tok):
+        assert tok.decode(tokens[start:end]) == "aaa"
+    ((tokens, start, end),) = task_rows(lm, 1, tok)
+    assert tok.decode(tokens[:start]) == "<|bos|>Q:" and tok.decode(tokens[start:end]) == " aa"
+
+
+class FakeClock:
+    """Time that moves only when the model runs: one second per forward."""
+
+    def __init__(self, model: BigramModel) -> None:
+        self.model = model
+
+    def __call__(self) -> float:
+        return float(len(self.model.shapes))
+
+
+def test_time_limit_stops_before_crossing_it_and_flags_incomplete(hand, tok):
+    model = BigramModel()
+    result = evaluate_core(model, tok, hand, seq_len=32, batch_size=4, max_seconds=5.5, clock=FakeClock(model))
+    assert len(model.shapes) == 5 and result.seconds == 5.0  # a sixth batch would have ended at 6 > 5.5
+    assert not result.complete
+    assert 0 < result.examples < 16
+    assert set(result.tasks) == {"mc", "mc_2shot", "schema", "lm"}  # round-robin: every task got examples
+    assert result.core == pytest.approx(sum(result.tasks.values()) / 4)
+    # Time that would run out only after the last batch does not make a finished evaluation incomplete.
+    model = BigramModel()
+    result = evaluate_core(model, tok, hand, seq_len=32, batch_size=45, max_seconds=1.5, clock=FakeClock(model))
+    assert len(model.shapes) == 1 and result.complete and result.examples == 16
+
+
+def test_time_limit_holds_in_real_time_with_a_slow_model(hand, tok):
+    class Slow(BigramModel):
+        def forward(self, idx):
+            time.sleep(0.05)
+            return super().forward(idx)
+
+    t0 = time.perf_counter()
+    result = evaluate_core(Slow(), tok, hand, seq_len=32, batch_size=1, max_seconds=0.3)
+    assert time.perf_counter() - t0 < 1.5
+    assert not result.complete and result.examples < 16
+
+
+def test_max_examples_takes_the_same_prefix_of_each_task(hand, tok):
+    two = evaluate_core(BigramModel(), tok, hand, seq_len=32, batch_size=8, max_examples=2)
+    again = evaluate_core(BigramModel(), tok, hand, seq_len=32, batch_size=3, max_examples=2)
+    assert two.examples == 8 and two.complete and two.tasks == again.tasks
+
+
+def _bad(tmp_path, case: str):
+    tasks = [dict(t) for t in HAND_TASKS]
+    data = {"mc.jsonl": list(MC), "sub/schema.jsonl": list(SCHEMA), "lm.jsonl": list(LM)}
+    baselines = {"mc": 25, "mc_2shot": 25, "schema": 50, "lm": 0}
+    if case == "kind":
+        tasks[2]["icl_task_type"] = "generation"
+    elif case == "json":
+        data["lm.jsonl"][2] = '{"context": "Q:", "continuation": '
+    elif case == "fields":
+        data["sub/schema.jsonl"][1] = {"context_options": ["a", "b"], "gold": 0}
+    elif case == "gold":
+        data["mc.jsonl"][3] = {"query": "Q:", "choices": ["a", "b"], "gold": 2}
+    elif case == "baseline":
+        del baselines["schema"]
+    elif case == "data file":
+        del data["lm.jsonl"]
+    root = write_bundle(tmp_path / "b", tasks, data, baselines)
+    if case == "yaml":
+        (root / "core.yaml").unlink()
+    return root
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("yaml", "core.yaml: cannot read the task list"),
+    ("kind", "task 3: schema: icl_task_type must be one of"),
+    ("json", "lm.jsonl:3: malformed JSON line"),
+    ("fields", "schema.jsonl:2: schema example needs"),
+    ("gold", "mc.jsonl:4: multiple_choice example \"gold\" must index one of the 2 options"),
+    ("baseline", "eval_meta_data.csv: no random baseline for task 'schema'"),
+    ("data file", "lm.jsonl: cannot read task data"),
+])
+def test_a_broken_bundle_is_one_line_naming_the_file(tmp_path, case, expected):
+    with pytest.raises(DataError) as err:
+        load_bundle(_bad(tmp_path, case))
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_demo_bundle_is_built_once_deterministically_with_all_three_kinds(data_cache, tmp_path):
+    first = build_demo_bundle(data_cache)
+    assert build_demo_bundle(data_cache) == first
+    # A second cache sharing the same demo corpus builds the same bundle, byte for byte.
+    other = tmp_path / "cache"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "demo").symlink_to(first.parent / "demo")
+    second = build_demo_bundle(other)
+    assert second != first
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
+    assert all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
+    tasks = load_bundle(first)
+    assert {t.kind for t in tasks} == {"multiple_choice", "schema", "language_modeling"}
+    assert all(len(t.examples) >= 100 for t in tasks)
+    last = json.loads((first / "eval_data" / "demo" / "last_word.jsonl").read_text().splitlines()[0])
+    assert last["continuation"].isalpha() and len(last["context"].split()) >= 4
+
+
+def test_a_tiny_gpt_scores_a_finite_core_on_the_demo_bundle(data_cache):
+    from model.data import load_dataset
+    from model.gpt import GPT, GPTConfig
+
+    ds = load_dataset(None, 512, cache_dir=data_cache)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=512, depth=1, model_dim=32, head_dim=16, seq_len=64))
+    result = evaluate_core(model, ds.tokenizer, load_bundle(build_demo_bundle(data_cache)), seq_len=64,
+                           batch_size=8, max_examples=10)
+    assert result.complete and result.examples == 40 and math.isfinite(result.core)
+    assert all(-1.5 <= v <= 1 for v in result.tasks.values())
+    assert model.training  # put back as it was found
