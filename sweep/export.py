@@ -58,6 +58,7 @@ SUBMISSION: dict[str, tuple[Any, str]] = {
     "fault": ("", "test-only fault injection off"),
     "fault_step": (0, "test-only fault injection off"),
     "save_checkpoint": (True, "out/final.pt is what the evaluation reads"),
+    "core_bundle": ("", "the competition scores CORE itself, after training, through inference.py"),
 }
 
 
@@ -210,6 +211,8 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
     data = text.encode("utf-8")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train.py").write_bytes(data)
+    inference, _ = bundle.render(_inference_head(info), _INFERENCE_TAIL, modules)
+    (out_dir / "inference.py").write_text(inference)
     sh = out_dir / "launch.sh"
     sh.write_text(f"#!/bin/sh\n# Study {study_name}, trial {t.number}: the competition's launch line, run from the "
                   f"directory holding train.py.\n{info['launch']}\n")
@@ -225,10 +228,36 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         "bundle": {"id": bundle.bundle_id(modules), "encoding": encoding,
                    "modules": {m.name: m.sha256 for m in modules}},
         "train_py_sha256": hashlib.sha256(data).hexdigest(), "train_py_bytes": len(data),
+        "inference_py_sha256": hashlib.sha256(inference.encode("utf-8")).hexdigest(),
         "upload_limit_bytes": bundle.UPLOAD_LIMIT_BYTES, "exported_at": info["exported_at"],
     }
     (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=1, default=str) + "\n")
     return {"provenance": provenance, "warnings": warnings}
+
+
+def _inference_head(info: dict[str, Any]) -> str:
+    return f'''#!/usr/bin/env python3
+"""Phase-2 inference.py exported by trnsweep beside train.py (study {info["study"]}, trial {info["trial"]}).
+
+Scores CORE on the checkpoint train.py wrote, with the same model code and evaluation the sweep used
+(trnsweep's model.inference, bundled below):
+    python inference.py --checkpoint out/final.pt --bundle EVAL_BUNDLE_DIR [--max-seconds 3600] --json
+Under torchrun the examples are shared across ranks. Code: trnsweep {info["version"].get("git_commit", "unknown")}.
+"""
+
+import os
+import sys
+'''
+
+
+_INFERENCE_TAIL = '''# ---- the entry point ----------------------------------------------------------------------------
+
+from model.inference import main  # noqa: E402
+from model.train import load_for_eval  # noqa: E402,F401
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+'''
 
 
 # -- the generated file ----------------------------------------------------------------------------

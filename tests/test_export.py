@@ -7,6 +7,7 @@ import ast
 import hashlib
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -139,6 +140,17 @@ def test_exported_train_py_trains_alone_and_load_for_eval_reads_its_checkpoint(s
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["shape"] == [2, 16, 512] and got["finite"] and got["training"] is False
     assert "_bundled_" in got["model_file"]  # served by the bundle, not found on disk
+
+    # Phase 2: the exported inference.py scores CORE on that checkpoint with the same bundled code.
+    (run_dir / "inference.py").write_bytes((out / "inference.py").read_bytes())
+    proc = subprocess.run([sys.executable, "inference.py", "--checkpoint", "out/final.pt", "--bundle", "demo",
+                           "--max-examples", "4", "--cache-dir", tiny_config["cache_dir"], "--num-threads", "1",
+                           "--json"], cwd=run_dir, capture_output=True, text=True, timeout=240, env=isolated_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    core = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert math.isfinite(core["core"]) and core["core_complete"] and core["examples"] > 0
+    assert prov["inference_py_sha256"] == hashlib.sha256((out / "inference.py").read_bytes()).hexdigest()
+    assert cfg["core_bundle"] == ""  # the competition runs CORE itself
 
 
 @pytest.mark.slow
