@@ -73,6 +73,8 @@ NODE_CACHE_VAR = "NEURON_CACHE_DIR"  # the node's cache root, from infra's clust
 DEFAULT_NODE_CACHE = "/var/tmp/trnsweep-neuron-cache"
 DEFAULT_NODE_LNC = 2  # Trainium2's default, and render-cluster's
 LNC_VALUES = (1, 2)
+CORES_PER_CHIP = 8  # physical NeuronCores of a Trainium2 chip
+MAX_CHIPS = 16  # a trn2.48xlarge: a trial runs on one node
 MIN_CACHE_FREE_BYTES = 4 * 1024**3  # below this a compile could fill the disk, which corrupts the cache
 
 ATTR_GRAPH_KEY = "graph_key"
@@ -142,6 +144,11 @@ def to_trial_lnc(cores: Sequence[int], node_lnc: int, lnc: int) -> list[int]:
         raise LaunchError(f"{CORES_VAR}={format_cores(cores)} splits LNC-2 pairs (2k, 2k+1) at core(s) "
                           f"{format_cores(split)}: a LNC-2 trial needs whole pairs of LNC-1 cores")
     return pairs
+
+
+def chip_cores(chips: int, lnc: int) -> int:
+    """Logical NeuronCores of ``chips`` whole chips at ``lnc``: one torchrun rank each for a multi-chip trial."""
+    return chips * CORES_PER_CHIP // lnc
 
 
 def map_ranks(cores: Sequence[int], ranks: int, lnc: int) -> list[int]:
@@ -283,7 +290,9 @@ NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", 
                     "warmdown_ratio", "final_lr_frac", "grad_accum", "rope_base", "head_init_std", "seed", "data",
                     "val_shard", "cache_dir", "eval_tokens", "final_eval_tokens", "eval_fractions", "eval_at_start",
                     "budget_s", "startup_allowance_s", "excluded_steps", "max_steps", "max_loss", "log_every",
-                    "save_checkpoint", "num_threads", "fault", "fault_step")
+                    "save_checkpoint", "num_threads", "fault", "fault_step",
+                    # CORE runs after training on the final weights; the global batch only sets grad_accum.
+                    "core_bundle", "core_max_seconds", "core_max_examples", "total_batch_tokens")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)
 
 
