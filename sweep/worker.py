@@ -554,12 +554,13 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
             return False
         for k, v in attrs.items():
             st.retry(lambda k=k, v=v: study._storage.set_trial_user_attr(task.trial_id, k, v), url=task.storage_url)
-        final = _float((out.record or {}).get("val_bpb")) if out.state == "COMPLETE" else None
+        rec = out.record or {}
+        final = _float(rec.get("val_bpb")) if rec.get("status") == "ok" else None
         if final is not None and task.objective.kind != "single":
             curve = [*sup.curve, [task.final_step, final]]
             st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, obj.ATTR_CURVE, curve),
                      url=task.storage_url)
-        reported = task.objective.intermediate(final) if final is not None else None
+        reported = task.objective.intermediate(final) if final is not None and out.state == "COMPLETE" else None
         if reported is not None and task.final_step not in trial._cached_frozen_trial.intermediate_values:
             st.retry(lambda: trial.report(reported, task.final_step), url=task.storage_url)
         _upload(study, trial, task, out, sup.artifact_dir)
