@@ -17,7 +17,7 @@ from sweep import storage as st
 from sweep.driver import Driver, SweepAborted
 from sweep.spec import load
 from sweep.worker import TrialTask, run_trial
-from tests.sweep_fixtures import load_trials, tiny_spec, write_spec
+from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +27,8 @@ PARETO = {"type": "pareto", "metrics": ["val_bpb", "core"]}
 
 @pytest.fixture(scope="module")
 def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
-             namespace="sweep-objective-tests")
-    yield
-    ray.shutdown()
+    with local_ray("sweep-objective-tests"):
+        yield
 
 
 @pytest.fixture
