@@ -169,7 +169,7 @@ class Driver:
         self._rng = random.Random((spec.seed or 0) + existing)
         with contextlib.suppress(Exception):
             for k, v in {"spec": str(spec.path), "budget_s": spec.budget_s, "n_trials": spec.n_trials,
-                         "direction": spec.direction, "spec_hash": self.spec_hash,
+                         "direction": ", ".join(spec.directions), "spec_hash": self.spec_hash,
                          "objective": spec.objective.describe()}.items():
                 if study.user_attrs.get(k) != v:
                     study.set_user_attr(k, v)

@@ -13,7 +13,9 @@ and torchrun arguments. Ray reserves ``neuron_cores`` counted in the node's logi
 trial's own LNC (a LNC-2 core is the physical pair 2c, 2c+1), split evenly over the ranks (rank r
 drives the first core of its share) and the trainer sees exactly the ranks' cores, so
 ``neuron:LOCAL_RANK`` is the mapped core. A plan that does not fit (3 ranks on 4 cores, a LNC-2 trial
-on cores that split physical pairs, cores neuron-ls does not show) is refused with one line.
+on cores that split physical pairs, cores neuron-ls does not show) is refused with one line. A
+multi-chip trial (``trial.chips = K``, :func:`chip_cores`) is the same plan over K chips' cores: one rank
+per logical core, ``NEURON_RT_VISIBLE_CORES`` over all of them.
 
 **Compile cache.** Every Neuron trial points the caches at one place: the node directory
 (``$NEURON_CACHE_DIR``, as ``infra/cluster.py`` writes it into ``cluster.env``; ``infra/ray/node_sync.sh``
