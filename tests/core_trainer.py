@@ -1,8 +1,9 @@
 """A trainer for sweep tests that reports CORE, standing in for ``model.train`` until its CORE evaluation lands.
 
 The real trainer trains and evaluates (same CLI, events and record, under torchrun too); this wrapper
-takes the CORE contract's config keys (``core_bundle``, ``core_max_seconds``, ``core_max_examples``) out
-of the config the real trainer would refuse, and adds the contract's record fields to its result line:
+takes the CORE contract's config keys (``core_bundle``, ``core_max_seconds``, ``core_max_examples``, and
+``total_batch_tokens``, turned into the ``grad_accum`` it implies) out of the config the real trainer would
+refuse, and adds the contract's record fields to its result line:
 ``core``, ``core_tasks``, ``core_seconds``, ``core_complete``. Its ``core`` is not an evaluation but a
 fixed function of the trained model: it grows with depth x width and with lower val_bpb, so a tiny
 budget gives a real trade-off (a bigger model trains fewer steps: worse val_bpb, better "core") and
@@ -76,6 +77,11 @@ def main(argv: list[str]) -> int:
     i = argv.index("--config") + 1
     config = json.loads(Path(argv[i]).read_text())
     core_cfg = {k: config.pop(k) for k in CORE_KEYS if k in config}
+    if "total_batch_tokens" in config:
+        total = config.pop("total_batch_tokens")
+        core_cfg["total_batch_tokens"] = total
+        per_step = config["batch_size"] * config["seq_len"] * int(os.environ.get("WORLD_SIZE", "1"))
+        config["grad_accum"] = max(1, total // per_step)
     stripped = Path(argv[i]).with_name(f"config.trainer.{os.environ.get('RANK', '0')}.json")
     stripped.write_text(json.dumps(config))
     argv = [*argv[:i], str(stripped), *argv[i + 1:]]
