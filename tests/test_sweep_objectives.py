@@ -88,6 +88,11 @@ def test_pareto_sweep_of_two_rank_trials_keeps_curves_and_prints_its_front(ray_l
     for row in status["trials"]:
         assert row["value"] is None and row["values"] == by_number[row["number"]].values
 
+    shown = cli.trial_result(trials[0], load(spec_path).objective)  # what `sweep trial` prints last
+    assert shown["values"] == trials[0].values and shown["val_bpb"] == trials[0].user_attrs["val_bpb"]
+    assert cli.main(["status", str(spec_path)]) == 0
+    assert f"{trials[0].values[0]:.4f}/{trials[0].values[1]:.4f}" in capsys.readouterr().out
+
     # Resuming the study under another objective is refused in one line.
     (tmp_path / "single").mkdir()
     single = write_spec(tmp_path / "single", "par", tiny_spec(data_cache))
