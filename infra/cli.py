@@ -160,6 +160,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     price, source = args.price_usd_per_hour, None
     if args.live_price:
         region = _region(args)
+        args.instance_type = args.instance_type or cost.instance_for(cost.chips_per_trial(spec))
         price = cost.live_price(aws.client("pricing", "us-east-1"), args.instance_type, region)
         source = f"AWS Price List API, {region}, on-demand Linux"
     est = cost.estimate(spec, instance_type=args.instance_type, price_usd_per_hour=price, price_source=source,
@@ -359,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("cost", cmd_cost, "estimate a study's chip-hours and dollars; exit 2 past its cost cap", json_flag=True)
     sp.add_argument("spec", help="study name (sweep/studies/NAME.toml) or path to a .toml")
     sp.add_argument("--cap-usd", type=_money, help="cost cap (else the spec's study.cost_cap_usd, if any)")
-    sp.add_argument("--instance-type", default="trn2.3xlarge", choices=("trn2.3xlarge", "trn2.48xlarge"))
+    sp.add_argument("--instance-type", default=None, choices=("trn2.3xlarge", "trn2.48xlarge"),
+                    help="default: the smallest that holds one trial")
     sp.add_argument("--price-usd-per-hour", type=_money, help="instance price (default: built-in table)")
     sp.add_argument("--live-price", action="store_true", help="ask the AWS Price List API for the price")
     sp.add_argument("--parallel", type=_positive_int, help="trials at once, to count the head (default: spec)")

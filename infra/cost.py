@@ -9,9 +9,11 @@ The estimate is an upper bound per trial: every trial holds its chips for its wh
 Pruned trials stop early, so real sweeps cost less; not counted: retries of crashed or lost trials
 (at most one each), node boot and the autoscaler's idle timeout, storage and data transfer.
 
-Chips per trial come from the spec: ``trial.resources.neuron_cores`` logical cores, and a Trainium2
-chip has 8 physical NeuronCores shown as 4 logical ones with ``NEURON_LOGICAL_NC_CONFIG=2`` (the
-default) or 8 with ``=1`` (read from ``trial.env``).
+Chips per trial come from the spec: ``trial.chips`` where it says (phase 2: 16, a whole trn2.48xlarge),
+else ``trial.resources.neuron_cores`` logical cores, and a Trainium2 chip has 8 physical NeuronCores
+shown as 4 logical ones with ``NEURON_LOGICAL_NC_CONFIG=2`` (the default) or 8 with ``=1`` (read from
+``trial.env``). Unless told, the instance is the smallest that holds one trial: trn2.3xlarge for one
+chip, trn2.48xlarge beyond.
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ class Estimate:
 
 def chips_per_trial(spec: Any) -> int:
     """Whole Trainium2 chips one trial of ``spec`` holds (0 for CPU or GPU trials)."""
+    if getattr(spec, "chips", 0):
+        return int(spec.chips)
     cores = int(spec.resources.neuron_cores)
     if cores <= 0:
         return 0
@@ -122,17 +126,26 @@ def load_spec(name_or_path: str) -> Any:
         raise BadInput(str(e)) from None
 
 
-def estimate(spec: Any, instance_type: str = "trn2.3xlarge", price_usd_per_hour: float | None = None,
+def instance_for(chips: int) -> str:
+    """The smallest instance type that holds a trial of ``chips`` chips (one trial per node)."""
+    return next((t for t, n in sorted(CHIPS_PER_INSTANCE.items(), key=lambda kv: kv[1]) if n >= chips),
+                max(CHIPS_PER_INSTANCE, key=lambda t: CHIPS_PER_INSTANCE[t]))
+
+
+def estimate(spec: Any, instance_type: str | None = None, price_usd_per_hour: float | None = None,
              price_source: str | None = None, parallel: int | None = None, head_type: str | None = "m7i.2xlarge",
              head_price_usd_per_hour: float | None = None, cap_usd: float | None = None) -> Estimate:
-    """The study's cost estimate; ``cap_usd`` (else the spec's ``study.cost_cap_usd``) is compared, not enforced."""
+    """The study's cost estimate; ``cap_usd`` (else the spec's ``study.cost_cap_usd``) is compared, not enforced.
+
+    ``instance_type`` None: the smallest that holds one trial (:func:`instance_for`)."""
+    chips = chips_per_trial(spec)
+    instance_type = instance_type or instance_for(chips)
     if instance_type not in CHIPS_PER_INSTANCE:
         raise BadInput(f"--instance-type {instance_type!r}: one of {', '.join(CHIPS_PER_INSTANCE)}")
     price = price_usd_per_hour if price_usd_per_hour is not None else PRICES_USD_PER_HOUR[instance_type]
     if not price > 0:
         raise BadInput(f"price for {instance_type} must be positive, got {price}")
     source = price_source or ("--price-usd-per-hour" if price_usd_per_hour is not None else PRICE_SOURCE)
-    chips = chips_per_trial(spec)
     per_instance = CHIPS_PER_INSTANCE[instance_type]
     if chips > per_instance:
         raise BadInput(f"{spec.path}: a trial needs {chips} chips but {instance_type} has {per_instance}")

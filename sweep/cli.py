@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import artifacts, export, precompile, promote, replay
+from sweep import objective as obj
 from sweep import storage as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="trial counts by state and every trial")
     s.add_argument("study")
     s.add_argument("--json", action="store_true")
-    b = sub.add_parser("best", help="the best complete trial and its result record")
+    b = sub.add_parser("best", help="the best complete trial and its result record (a pareto study: its front)")
     b.add_argument("study")
     b.add_argument("--json", action="store_true")
     t = sub.add_parser("trial", help="one ad-hoc trial with given parameters, recorded in the study; "
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         study = _load_study(spec, url)
         if args.command == "status":
             return _status(study, spec, args.json, out)
+        if spec.objective.multi:
+            return _front(study, spec, args.json, out)
         return _best(study, spec, args.json, out)
     except (SpecError, UsageError, st.StorageError) as e:
         _fail(str(e), url)
@@ -159,7 +162,7 @@ def _trial(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> 
         except KeyboardInterrupt:
             driver.say(f"interrupted: trial {number} stays in study {spec.name}; a sweep of it will run it")
             return 1
-    print(json.dumps(trial_result(t)), file=out, flush=True)
+    print(json.dumps(trial_result(t, spec.objective)), file=out, flush=True)
     return 0 if t.state.name == "COMPLETE" else 1
 
 
@@ -271,9 +274,10 @@ def wait_for_trial(driver: Any, number: int, trial_id: int, poll_s: float = WAIT
         if t.state == TrialState.RUNNING and not started:
             started = True
             driver.say(f"trial {number} is running")
-        for step in sorted(set(t.intermediate_values) - seen):
-            seen.add(step)
-            driver.say(f"trial {number}: t={step}s val_bpb={t.intermediate_values[step]:.4f}")
+        for step, value in obj.curve_points(t, spec.objective):
+            if step not in seen:
+                seen.add(step)
+                driver.say(f"trial {number}: t={step}s val_bpb={value:.4f}")
         if not started and not hinted and time.monotonic() - t0 > NO_SWEEP_HINT_AFTER_S:
             hinted = True
             now = time.time()
@@ -285,10 +289,16 @@ def wait_for_trial(driver: Any, number: int, trial_id: int, poll_s: float = WAIT
         time.sleep(poll_s)
 
 
-def trial_result(t: Any) -> dict[str, Any]:
-    """What ``sweep trial`` prints last: the trial's number, state, val_bpb, params and result record."""
-    d = {"number": t.number, "state": t.state.name, "val_bpb": _value(t.value), "params": t.params,
-         "record": record_of(t)}
+def trial_result(t: Any, objective: obj.Objective | None = None) -> dict[str, Any]:
+    """What ``sweep trial`` prints last: the trial's number, state, val_bpb, params and result record (and,
+    where the objective is not val_bpb alone, ``values``: what Optuna was told)."""
+    record = record_of(t)
+    if objective is None or objective.kind == "single":
+        d = {"number": t.number, "state": t.state.name, "val_bpb": _value(t.value), "params": t.params,
+             "record": record}
+    else:
+        d = {"number": t.number, "state": t.state.name, "val_bpb": _value(record.get("val_bpb")),
+             "values": _values(t), "params": t.params, "record": record}
     if t.user_attrs.get("fail_reason"):
         d["fail_reason"] = t.user_attrs["fail_reason"]
     return d
@@ -326,14 +336,25 @@ def _value(v: Any) -> Any:
     return v if v is None or math.isfinite(v) else None
 
 
+def _values(t: Any) -> list[Any] | None:
+    return None if t.values is None else [_value(v) for v in t.values]
+
+
 def status_dict(study: Any) -> dict[str, Any]:
+    """DESIGN.md's status shape; a multi-objective study adds ``metrics``, ``directions`` and each trial's
+    ``values`` (its ``value`` is null: there is no single one)."""
     trials = study.get_trials(deepcopy=False)
     counts = dict.fromkeys(STATES, 0)
     for t in trials:
         counts[t.state.name] = counts.get(t.state.name, 0) + 1
-    return {"study": study.study_name, "counts": counts,
-            "trials": [{"number": t.number, "state": t.state.name, "value": _value(t.value), "params": t.params}
-                       for t in trials]}
+    if len(study.directions) == 1:
+        return {"study": study.study_name, "counts": counts,
+                "trials": [{"number": t.number, "state": t.state.name, "value": _value(t.value), "params": t.params}
+                           for t in trials]}
+    return {"study": study.study_name, "counts": counts, "metrics": study.metric_names,
+            "directions": [d.name.lower() for d in study.directions],
+            "trials": [{"number": t.number, "state": t.state.name, "value": None, "values": _values(t),
+                        "params": t.params} for t in trials]}
 
 
 def record_of(t: Any) -> dict[str, Any]:
@@ -342,13 +363,26 @@ def record_of(t: Any) -> dict[str, Any]:
     return {k: t.user_attrs[k] for k in fields if k in t.user_attrs}
 
 
-def best_dict(study: Any, direction: str) -> dict[str, Any] | None:
+def best_dict(study: Any, direction: str, objective: obj.Objective | None = None) -> dict[str, Any] | None:
+    """DESIGN.md's best shape; for a composite objective ``val_bpb`` is the record's and ``value`` the score."""
     from sweep.driver import _best
 
     t = _best(study.get_trials(deepcopy=False), direction)
     if t is None:
         return None
-    return {"number": t.number, "params": t.params, "val_bpb": t.value, "record": record_of(t)}
+    if objective is None or objective.kind == "single":
+        return {"number": t.number, "params": t.params, "val_bpb": t.value, "record": record_of(t)}
+    record = record_of(t)
+    return {"number": t.number, "params": t.params, "val_bpb": record.get("val_bpb"), "value": t.value,
+            "record": record}
+
+
+def front_dict(study: Any, objective: obj.Objective) -> dict[str, Any]:
+    """A pareto study's front: each member's number, params, values (in ``metrics`` order) and record."""
+    members = obj.front(study.get_trials(deepcopy=False), objective.directions)
+    return {"study": study.study_name, "metrics": list(objective.metrics), "directions": list(objective.directions),
+            "front": [{"number": t.number, "params": t.params, "values": list(t.values), "record": record_of(t)}
+                      for t in members]}
 
 
 def _status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
@@ -360,7 +394,8 @@ def _status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     for row in d["trials"]:
         t = by_number[row["number"]]
-        value = f"{row['value']:.4f}" if row["value"] is not None else "-"
+        shown = row["values"] if "values" in row else [row["value"]]
+        value = "/".join(f"{v:.4f}" if v is not None else "-" for v in shown or [None])
         extra = t.user_attrs.get("fail_reason", "")
         if "retry_of" in t.user_attrs:
             extra = f"retry of {t.user_attrs['retry_of']}" + (f"; {extra}" if extra else "")
@@ -371,14 +406,30 @@ def _status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
 
 
 def _best(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
-    d = best_dict(study, spec.direction)
+    d = best_dict(study, spec.direction, spec.objective)
     if d is None:
         print(f"sweep: study {spec.name!r} has no complete trial yet", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(d), file=out)
     else:
-        print(f"best: trial {d['number']} val_bpb={d['val_bpb']:.4f}", file=out)
+        values = [d["value"]] if "value" in d else [d["val_bpb"]]
+        print(f"best: trial {d['number']} {obj.fmt_values(spec.objective, values, d['record'])}", file=out)
         for k, v in d["params"].items():
             print(f"  {k} = {v}", file=out)
+    return 0
+
+
+def _front(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
+    d = front_dict(study, spec.objective)
+    if not d["front"]:
+        print(f"sweep: study {spec.name!r} has no complete trial yet", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(d), file=out)
+        return 0
+    print(f"pareto front of {spec.name} ({spec.objective.describe()}): {len(d['front'])} trial(s)", file=out)
+    for m in d["front"]:
+        params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m["params"].items())
+        print(f"  trial {m['number']} {obj.fmt_values(spec.objective, m['values'], m['record'])}  {params}", file=out)
     return 0

@@ -102,7 +102,7 @@ def study_path(storage_url: str, name: str) -> str | None:
     except KeyError:
         return None
     study = optuna.load_study(study_name=name, storage=storage)
-    if study.metric_names is None:
+    if study.metric_names is None and len(study.directions) == len(METRIC_NAMES):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import artifacts as art
+from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
 from sweep.neuron import WarmPicker
@@ -145,13 +146,19 @@ class Driver:
         storage = st.open_storage(self.url, role="driver")
         spec = self.spec
         study = st.retry(lambda: optuna.create_study(study_name=spec.name, storage=storage,
-                                                     direction=spec.direction, load_if_exists=True,
+                                                     directions=spec.directions, load_if_exists=True,
                                                      sampler=optuna.samplers.RandomSampler(),
                                                      pruner=build_pruner(spec.pruner)),
                          what="open study", url=self.url)
-        if study.direction.name.lower() != spec.direction:
-            raise SweepAborted(f"study {spec.name!r} exists with direction {study.direction.name.lower()}, "
-                               f"spec says {spec.direction}")
+        stored = [d.name.lower() for d in study.directions]
+        if stored != spec.directions:
+            word = "direction" if len(stored) == len(spec.directions) == 1 else "directions"
+            raise SweepAborted(f"study {spec.name!r} exists with {word} {', '.join(stored)}, "
+                               f"spec says {', '.join(spec.directions)}")
+        names = spec.objective.names
+        if study.metric_names not in (None, names):
+            raise SweepAborted(f"study {spec.name!r} exists with objective {', '.join(study.metric_names)}, "
+                               f"spec says {', '.join(names)}")
         existing = len(study.get_trials(deepcopy=False))
         # Re-seed on resume, or a seeded sampler would propose its first points all over again.
         sampler_spec = spec.sampler
@@ -162,11 +169,12 @@ class Driver:
         self._rng = random.Random((spec.seed or 0) + existing)
         with contextlib.suppress(Exception):
             for k, v in {"spec": str(spec.path), "budget_s": spec.budget_s, "n_trials": spec.n_trials,
-                         "direction": spec.direction, "spec_hash": self.spec_hash}.items():
+                         "direction": ", ".join(spec.directions), "spec_hash": self.spec_hash,
+                         "objective": spec.objective.describe()}.items():
                 if study.user_attrs.get(k) != v:
                     study.set_user_attr(k, v)
-            if study.metric_names != ["val_bpb"]:  # the dashboard's name for the objective
-                study.set_metric_names(["val_bpb"])
+            if study.metric_names != names:  # the dashboard's names for the objectives
+                study.set_metric_names(names)
         self.study = study
         return study
 
@@ -334,7 +342,7 @@ class Driver:
             eval_fractions=spec.eval_fractions, ranks=spec.ranks, trainer=spec.trainer,
             stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s, env=dict(spec.env), pruner=pruner,
             artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
-            attrs={"spec_hash": self.spec_hash}, compile_cache=spec.compile_cache,
+            attrs={"spec_hash": self.spec_hash}, compile_cache=spec.compile_cache, objective=spec.objective,
         )
         if self._remote is None:
             self._remote = ray.remote(_run_trial_task)
@@ -407,7 +415,9 @@ class Driver:
         for k, v in attrs.items():
             st.retry(lambda k=k, v=v: self.study._storage.set_trial_user_attr(slot.trial_id, k, v), url=self.url)
         state = TrialState[result["state"]]
-        values = result["value"] if state == TrialState.COMPLETE else None
+        values = None
+        if state == TrialState.COMPLETE:  # a supervisor of older code returns "value" only
+            values = result.get("values") or [result["value"]]
         st.retry(lambda: self.study.tell(slot.number, values, state=state, skip_if_finished=True), url=self.url)
 
     def fail(self, number: int, trial_id: int, kind: str, reason: str) -> bool:
@@ -540,16 +550,16 @@ class Driver:
     def _print_reports(self, slot: _InFlight, t: Any | None = None) -> None:
         if t is None:
             t = self.study._storage.get_trial(slot.trial_id)
-        for step in sorted(t.intermediate_values):
+        for step, value in obj.curve_points(t, self.spec.objective):
             if step not in slot.reported and step != round(self.spec.budget_s):
                 slot.reported.add(step)
-                self.say(f"trial {slot.number}: t={step}s val_bpb={t.intermediate_values[step]:.4f}")
+                self.say(f"trial {slot.number}: t={step}s val_bpb={value:.4f}")
 
     def _print_outcome(self, slot: _InFlight, r: dict[str, Any]) -> None:
         rec = r.get("record") or {}
         if r["state"] == "COMPLETE":
-            self.say(f"trial {slot.number} COMPLETE val_bpb={r['value']:.4f} train={_num(rec.get('train_seconds'))}s "
-                     f"steps={rec.get('steps')} slot={r['slot_seconds']:.1f}s")
+            self.say(f"trial {slot.number} COMPLETE {obj.fmt_values(self.spec.objective, r['values'], rec)} "
+                     f"train={_num(rec.get('train_seconds'))}s steps={rec.get('steps')} slot={r['slot_seconds']:.1f}s")
         elif r["state"] == "PRUNED":
             self.say(f"trial {slot.number} PRUNED: {r['reason']}")
         else:
@@ -566,17 +576,32 @@ class Driver:
             states[t.state.name] = states.get(t.state.name, 0) + 1
         done = sum(counts(t) for t in trials)
         failed = sum(1 for t in trials if t.state.name == "FAIL" and t.user_attrs.get("fail_kind") != "constraint")
-        best = _best(trials, self.spec.direction)
-        best_s = f"{best.value:.4f} (trial {best.number})" if best else "-"
+        objective = self.spec.objective
+        if objective.multi:
+            best_s = f"pareto front {len(obj.front(trials, objective.directions))} trial(s)"
+        else:
+            best = _best(trials, self.spec.direction)
+            best_s = f"best {best.value:.4f} (trial {best.number})" if best else "best -"
         self.say(f"progress: done {done}/{self.spec.n_trials}, running {len(self.inflight)}, "
-                 f"pruned {states.get('PRUNED', 0)}, failed {failed}, best {best_s}, elapsed {self._elapsed()}")
+                 f"pruned {states.get('PRUNED', 0)}, failed {failed}, {best_s}, elapsed {self._elapsed()}")
 
     def print_best(self) -> None:
-        best = _best(self.study.get_trials(deepcopy=False), self.spec.direction)
+        trials = self.study.get_trials(deepcopy=False)
+        objective = self.spec.objective
+        if objective.multi:
+            members = obj.front(trials, objective.directions)
+            if not members:
+                self.say("no trial completed")
+            for t in members:
+                self.say(f"pareto front: trial {t.number} {obj.fmt_values(objective, t.values, t.user_attrs)} "
+                         f"{_fmt_params(t.params)}")
+            return
+        best = _best(trials, self.spec.direction)
         if best is None:
             self.say("no trial completed")
             return
-        self.say(f"best: trial {best.number} val_bpb={best.value:.4f} {_fmt_params(best.params)}")
+        self.say(f"best: trial {best.number} {obj.fmt_values(objective, [best.value], best.user_attrs)} "
+                 f"{_fmt_params(best.params)}")
 
     # -- ad-hoc trials --------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ and torchrun arguments. Ray reserves ``neuron_cores`` counted in the node's logi
 trial's own LNC (a LNC-2 core is the physical pair 2c, 2c+1), split evenly over the ranks (rank r
 drives the first core of its share) and the trainer sees exactly the ranks' cores, so
 ``neuron:LOCAL_RANK`` is the mapped core. A plan that does not fit (3 ranks on 4 cores, a LNC-2 trial
-on cores that split physical pairs, cores neuron-ls does not show) is refused with one line.
+on cores that split physical pairs, cores neuron-ls does not show) is refused with one line. A
+multi-chip trial (``trial.chips = K``, :func:`chip_cores`) is the same plan over K chips' cores: one rank
+per logical core, ``NEURON_RT_VISIBLE_CORES`` over all of them.
 
 **Compile cache.** Every Neuron trial points the caches at one place: the node directory
 (``$NEURON_CACHE_DIR``, as ``infra/cluster.py`` writes it into ``cluster.env``; ``infra/ray/node_sync.sh``
@@ -73,6 +75,8 @@ NODE_CACHE_VAR = "NEURON_CACHE_DIR"  # the node's cache root, from infra's clust
 DEFAULT_NODE_CACHE = "/var/tmp/trnsweep-neuron-cache"
 DEFAULT_NODE_LNC = 2  # Trainium2's default, and render-cluster's
 LNC_VALUES = (1, 2)
+CORES_PER_CHIP = 8  # physical NeuronCores of a Trainium2 chip
+MAX_CHIPS = 16  # a trn2.48xlarge: a trial runs on one node
 MIN_CACHE_FREE_BYTES = 4 * 1024**3  # below this a compile could fill the disk, which corrupts the cache
 
 ATTR_GRAPH_KEY = "graph_key"
@@ -142,6 +146,11 @@ def to_trial_lnc(cores: Sequence[int], node_lnc: int, lnc: int) -> list[int]:
         raise LaunchError(f"{CORES_VAR}={format_cores(cores)} splits LNC-2 pairs (2k, 2k+1) at core(s) "
                           f"{format_cores(split)}: a LNC-2 trial needs whole pairs of LNC-1 cores")
     return pairs
+
+
+def chip_cores(chips: int, lnc: int) -> int:
+    """Logical NeuronCores of ``chips`` whole chips at ``lnc``: one torchrun rank each for a multi-chip trial."""
+    return chips * CORES_PER_CHIP // lnc
 
 
 def map_ranks(cores: Sequence[int], ranks: int, lnc: int) -> list[int]:
@@ -284,8 +293,9 @@ NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", 
                     "warmdown_ratio", "final_lr_frac", "grad_accum", "rope_base", "head_init_std", "seed", "data",
                     "val_shard", "cache_dir", "eval_tokens", "final_eval_tokens", "eval_fractions", "eval_at_start",
                     "budget_s", "startup_allowance_s", "excluded_steps", "max_steps", "max_loss", "log_every",
-                    "save_checkpoint", "num_threads", "fault", "fault_step", "total_batch_tokens", "core_bundle",
-                    "core_max_seconds", "core_max_examples")
+                    "save_checkpoint", "num_threads", "fault", "fault_step",
+                    # CORE runs after training on the final weights; the global batch only sets grad_accum.
+                    "core_bundle", "core_max_seconds", "core_max_examples", "total_batch_tokens")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)
 
 

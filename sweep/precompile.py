@@ -277,7 +277,7 @@ def _remember(spec: Any, url: str, keys: list[str]) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = st.open_storage(url)
-    study = st.retry(lambda: optuna.create_study(study_name=spec.name, storage=storage, direction=spec.direction,
+    study = st.retry(lambda: optuna.create_study(study_name=spec.name, storage=storage, directions=spec.directions,
                                                  load_if_exists=True), url=url)
     have = set(study.user_attrs.get(neuron.ATTR_PRECOMPILED, []))
     st.retry(lambda: study.set_user_attr(neuron.ATTR_PRECOMPILED, sorted(have | set(keys))), url=url)

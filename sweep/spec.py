@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep import expr, neuron
+from sweep import objective as obj
 from sweep.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
 from sweep.space import Param, SearchSpace, SpaceError
 
@@ -96,6 +97,13 @@ class StudySpec:
     storage_proxy: bool = False  # workers reach the store through a gRPC proxy the driver starts
     cost_cap_usd: float | None = None  # `make sweep` refuses to start a study estimated past it (infra.cost)
     compile_cache: str = ""  # Neuron compile cache: "" the node's directory, else a shared path or s3:// (sweep.neuron)
+    objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna (sweep.objective)
+    chips: int = 0  # Trainium2 chips per trial (trial.chips); 0: resources as written
+
+    @property
+    def directions(self) -> list[str]:
+        """One Optuna direction per objective value."""
+        return list(self.objective.directions)
 
     @property
     def deadline_s(self) -> float:
@@ -165,11 +173,13 @@ def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep merge; a table naming a different ``name`` (another sampler or pruner) replaces its base."""
+    """Deep merge; a table naming a different ``name`` (another sampler or pruner) or ``type`` (another
+    objective or parameter kind) replaces its base."""
     out = dict(base)
     for k, v in over.items():
         old = out.get(k)
-        if isinstance(v, Mapping) and isinstance(old, Mapping) and v.get("name", old.get("name")) == old.get("name"):
+        if isinstance(v, Mapping) and isinstance(old, Mapping) and all(
+                v.get(tag, old.get(tag)) == old.get(tag) for tag in ("name", "type")):
             out[k] = _merge(dict(old), v)
         else:
             out[k] = v
@@ -179,13 +189,14 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     """Validate an already-decoded spec; ``path`` is used in messages and for the default name."""
     r = _Reader(path)
-    root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints"})
+    root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints",
+                              "objective"})
     study = r.table(root.get("study", {}), "study",
                     {"name", "direction", "n_trials", "concurrency", "seed", "storage", "artifacts", "storage_proxy",
                      "cost_cap_usd"})
     trial = r.table(root.get("trial", {}), "trial",
                     {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
-                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache"})
+                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache", "chips"})
 
     name = r.string(study, "study.name", default=path.stem)
     if not name or any(c.isspace() or c == "/" for c in name):
@@ -232,12 +243,18 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         num_gpus=r.number(res, "trial.resources.num_gpus", low=0, default=0.0),
         neuron_cores=r.integer(res, "trial.resources.neuron_cores", low=0, default=0),
     )
+    chips = r.integer(trial, "trial.chips", low=1, default=None) or 0
+    if chips:
+        resources = _chip_resources(r, chips, resources, "neuron_cores" in res)
 
     sampler = _sampler(r, root.get("sampler", {"name": "tpe"}), seed)
     pruner = _pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
     _exercise(r, sampler, pruner, [max(1, round(f * budget_s)) for f in fractions])
 
-    space = _space(r, root)
+    objective = _objective(r, root.get("objective", {}), direction, "direction" in study, pruner,
+                           r.table(root.get("fixed", {}), "fixed", None))
+    direction = objective.directions[0]
+    space = _space(r, root, _chip_ranks(chips, "ranks" in trial, env) if chips else None)
     launch_error = neuron.check_spec(space, resources.neuron_cores, ranks, "ranks" in trial, env, compile_cache)
     if launch_error:
         raise r.error(*launch_error)
@@ -247,7 +264,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         eval_timeout_s=eval_timeout_s, eval_fractions=fractions, ranks=ranks, trainer=trainer,
         stop_grace_s=stop_grace_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, env=env,
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
-        compile_cache=compile_cache, cost_cap_usd=cost_cap_usd,
+        compile_cache=compile_cache, cost_cap_usd=cost_cap_usd, objective=objective, chips=chips,
     )
     return spec
 
@@ -458,7 +475,30 @@ def build_pruner(c: Component) -> Any:
     return _pruner_classes()[c.name](**c.options)
 
 
-def _space(r: _Reader, root: Mapping[str, Any]) -> SearchSpace:
+def _chip_resources(r: _Reader, chips: int, resources: Resources, cores_given: bool) -> Resources:
+    """``trial.chips``: the Ray reservation of K whole chips, counted at the cluster's LNC like Ray counts them."""
+    if chips > neuron.MAX_CHIPS:
+        raise r.error("trial.chips", f"a trial runs on one node: at most {neuron.MAX_CHIPS} chips (trn2.48xlarge), "
+                                     f"got {chips}")
+    cores = neuron.chip_cores(chips, neuron.DEFAULT_NODE_LNC)
+    if cores_given and resources.neuron_cores != cores:
+        raise r.error("trial.resources.neuron_cores",
+                      f"{resources.neuron_cores} disagrees with trial.chips = {chips} ({cores} NeuronCores at the "
+                      f"cluster's LNC {neuron.DEFAULT_NODE_LNC}); keep one")
+    if resources.num_gpus:
+        raise r.error("trial.resources.num_gpus", "trial.chips reserves Trainium chips; a trial cannot also hold GPUs")
+    return Resources(num_cpus=resources.num_cpus, num_gpus=0.0, neuron_cores=cores)
+
+
+def _chip_ranks(chips: int, ranks_given: bool, env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(chips, LNC when the study sets none) for the implicit ``ranks``; None when trial.ranks is given."""
+    if ranks_given:
+        return None
+    lnc = env.get(neuron.LNC_VAR, "")
+    return chips, int(lnc) if lnc in ("1", "2") else neuron.DEFAULT_NODE_LNC
+
+
+def _space(r: _Reader, root: Mapping[str, Any], chip_ranks: tuple[int, int] | None = None) -> SearchSpace:
     fixed = r.table(root.get("fixed", {}), "fixed", None)
     params_t = r.table(root.get("params", {}), "params", None)
     derived_t = r.table(root.get("derived", {}), "derived", None)
@@ -468,6 +508,15 @@ def _space(r: _Reader, root: Mapping[str, Any]) -> SearchSpace:
     derived: list[tuple[str, expr.Expr]] = []
     for name, src in derived_t.items():
         derived.append((name, _expr(r, f"derived.{name}", src)))
+    if chip_ranks and "ranks" not in {*fixed, *params_t, *derived_t}:
+        # One torchrun rank per logical core of the trial's chips, at the trial's LNC where the study sets
+        # one; placed where lnc is known, so later derived values and constraints may use ranks.
+        chips, default_lnc = chip_ranks
+        if "lnc" in {*fixed, *params_t, *derived_t}:
+            at = 1 + list(derived_t).index("lnc") if "lnc" in derived_t else 0
+            derived.insert(at, ("ranks", expr.parse(f"{chips} * {neuron.CORES_PER_CHIP} // lnc")))
+        else:
+            derived.insert(0, ("ranks", expr.parse(str(neuron.chip_cores(chips, default_lnc)))))
     constraints: list[tuple[str, expr.Expr]] = []
     for name, src in constraints_t.items():
         constraints.append((name, _expr(r, f"constraints.{name}", src)))
@@ -478,6 +527,72 @@ def _space(r: _Reader, root: Mapping[str, Any]) -> SearchSpace:
         raise r.error(e.key, str(e.message)) from None
     _check_satisfiable(r, space)
     return space
+
+
+def _objective(r: _Reader, raw: Any, direction: str, direction_given: bool, pruner: Component,
+               fixed: Mapping[str, Any]) -> obj.Objective:
+    """``[objective]``: single (default), pareto or composite; see :mod:`sweep.objective`."""
+    t = r.table(raw, "objective", {"type", "metrics", "terms"})
+    kind = r.choice(t, "objective.type", obj.KINDS, default="single")
+    if kind == "single":
+        for k in ("metrics", "terms"):
+            if k in t:
+                raise r.error(f"objective.{k}", 'only for type = "pareto" or "composite"; single optimises '
+                                               "val_bpb in study.direction")
+        return obj.Objective("single", ("val_bpb",), (direction,))
+    known = ", ".join(obj.DIRECTIONS)
+    if kind == "pareto":
+        if "terms" in t:
+            raise r.error("objective.terms", 'only for type = "composite"')
+        metrics = t.get("metrics")
+        if not isinstance(metrics, list) or len(metrics) < 2 or not all(isinstance(m, str) for m in metrics):
+            raise r.error("objective.metrics", f"must list two or more record fields (of {known}), got {metrics!r}")
+        for m in metrics:
+            if m not in obj.DIRECTIONS:
+                raise r.error("objective.metrics", f"{m!r} has no known direction; one of {known}")
+        if len(set(metrics)) != len(metrics):
+            raise r.error("objective.metrics", "a metric is listed twice")
+        if direction_given:
+            raise r.error("study.direction", f"a pareto objective takes one direction per metric "
+                                             f"({', '.join(obj.DIRECTIONS[m] for m in metrics)}); remove it")
+        if pruner.name != "none":
+            raise r.error("pruner.name", f"Optuna cannot prune a multi-objective (pareto) study; use \"none\", "
+                                         f"got {pruner.name!r}")
+        objective = obj.Objective("pareto", tuple(metrics), tuple(obj.DIRECTIONS[m] for m in metrics))
+    else:
+        if "metrics" in t:
+            raise r.error("objective.metrics", "a composite objective lists its metrics as [objective.terms.NAME]")
+        if direction_given and direction != "maximize":
+            raise r.error("study.direction", 'a composite objective is maximised (1 at best, 0 at worst); '
+                                             'remove it or say "maximize"')
+        terms_t = r.table(t.get("terms", {}), "objective.terms", None)
+        if not terms_t:
+            raise r.error("objective.terms", "a composite objective needs at least one [objective.terms.NAME] "
+                                             "with weight, best and worst")
+        terms = [_term(r, name, v) for name, v in terms_t.items()]
+        objective = obj.Objective("composite", tuple(x.metric for x in terms), ("maximize",), tuple(terms))
+        if pruner.name != "none" and not objective.reports:
+            raise r.error("pruner.name", "a composite objective is pruned on its val_bpb term; add "
+                                         "[objective.terms.val_bpb] or use \"none\"")
+    needs = sorted(obj.NEEDS_CORE & set(objective.metrics))
+    if needs and not (isinstance(fixed.get("core_bundle"), str) and fixed["core_bundle"]):
+        raise r.error("fixed.core_bundle", f"the {kind} objective uses {', '.join(needs)}, which only a trainer "
+                                           'running CORE reports; set core_bundle (a bundle path, or "demo")')
+    return objective
+
+
+def _term(r: _Reader, name: str, raw: Any) -> obj.Term:
+    key = f"objective.terms.{name}"
+    t = r.table(raw, key, {"weight", "best", "worst"})
+    if name not in obj.DIRECTIONS:
+        raise r.error(key, f"{name!r} is not a metric the objective knows; one of {', '.join(obj.DIRECTIONS)}")
+    weight = r.number(t, f"{key}.weight", low=0, strict=True)
+    best, worst = r.number(t, f"{key}.best"), r.number(t, f"{key}.worst")
+    minimised = obj.DIRECTIONS[name] == "minimize"
+    if (best >= worst) if minimised else (best <= worst):
+        raise r.error(f"{key}.best", f"{name} is {'minimised' if minimised else 'maximised'}: best must be "
+                                     f"{'below' if minimised else 'above'} worst, got best {best:g}, worst {worst:g}")
+    return obj.Term(name, weight, best, worst)
 
 
 def _expr(r: _Reader, key: str, src: Any) -> expr.Expr:

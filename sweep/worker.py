@@ -9,7 +9,9 @@ A detached reaper (:mod:`sweep.reaper`) kills the group if this process dies fir
 The supervisor records the outcome itself (result record as user attributes, then ``tell``), so
 a finished trial is stored even if the driver dies at that moment. Outcomes:
 
-- trainer ``ok`` -> COMPLETE with value = val_bpb;
+- trainer ``ok`` -> COMPLETE with the objective's value(s) from the record (:mod:`sweep.objective`:
+  val_bpb, a Pareto pair such as val_bpb and core, or a composite score); a record lacking a metric the
+  objective needs -> FAIL ``metric``, naming it (the record is kept);
 - pruned by the pruner -> PRUNED (the trainer's ``stopped`` record is kept);
 - ``diverged`` -> PRUNED with ``fail_kind = "diverged"``: a diverging config is a bad point the
   sampler should learn from (TPE ranks pruned trials below complete ones), not a broken run;
@@ -24,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import queue
 import signal
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sweep import artifacts
+from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import code_version
 from sweep.limits import is_oom, preexec
@@ -81,6 +83,7 @@ class TrialTask:
     artifact_store: str = ""  # SWEEP_ARTIFACTS as resolved by the driver; "" uploads nothing
     attrs: dict[str, Any] = field(default_factory=dict)  # user attributes stored with the outcome
     compile_cache: str = ""  # the spec's trial.compile_cache (see sweep.neuron)
+    objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna
 
     def eval_step(self, progress: float) -> int:
         """The nominal eval point nearest to ``progress``, in whole charged seconds.
@@ -102,7 +105,8 @@ class Outcome:
 
     number: int
     state: str  # "COMPLETE" | "PRUNED" | "FAIL"
-    value: float | None = None
+    value: float | None = None  # single and composite objectives
+    values: list[float] | None = None  # every objective value of a COMPLETE trial (one for single objectives)
     fail_kind: str | None = None
     reason: str | None = None
     slot_seconds: float = 0.0
@@ -178,6 +182,9 @@ class Reporter:
         """Record an intermediate value; return True when the trial should be pruned."""
         return False
 
+    def keep(self, curve: list[list[float]]) -> None:
+        """Keep the val_bpb learning curve where the objective's reports are not val_bpb itself."""
+
     def heartbeat(self) -> bool:
         """Refresh liveness; return False when the trial has been finished by someone else."""
         return True
@@ -194,6 +201,10 @@ class _OptunaReporter(Reporter):
             return bool(self.trial.should_prune())
 
         return st.retry(call, what=f"report trial {self.task.number}", url=self.task.storage_url, attempts=4)
+
+    def keep(self, curve: list[list[float]]) -> None:
+        st.retry(lambda: self.study._storage.set_trial_user_attr(self.task.trial_id, obj.ATTR_CURVE, curve),
+                 what=f"curve of trial {self.task.number}", url=self.task.storage_url, attempts=4)
 
     def heartbeat(self) -> bool:
         from optuna.exceptions import UpdateFinishedTrialError
@@ -225,6 +236,7 @@ class Supervisor:
         self.launch_unix: float | None = None
         self.last_step: int | None = None
         self.last_value: float | None = None
+        self.curve: list[list[float]] = []  # [charged second, val_bpb] of every eval, for learning curves
         self._pruned_at: float | None = None
         self._deadline_hit = False
         self._superseded = False
@@ -381,8 +393,14 @@ class Supervisor:
                 return False
             step = self.task.eval_step(progress)
             self.last_step, self.last_value = step, value
+            self.curve.append([step, value])
+            objective = self.task.objective
             try:
-                return self.reporter.report(value, step)
+                if objective.kind != "single":
+                    self.reporter.keep(self.curve)
+                reported = objective.intermediate(value)
+                # A pareto study cannot prune (Optuna raises on report): it keeps the curve only.
+                return reported is not None and self.reporter.report(reported, step)
             except Exception as e:
                 log.warning("trial %d: report failed: %s", self.task.number,
                             st.scrub(str(e), self.task.storage_url))
@@ -464,11 +482,13 @@ class Supervisor:
             if rec is None:
                 out.reason += f"; trainer did not stop within {task.stop_grace_s:g} s and was killed"
         elif status == "ok":
-            value = _float(rec.get("val_bpb")) if rec else None
-            if value is None or not math.isfinite(value):
-                out.fail_kind, out.reason = "failed", f"status ok without a finite val_bpb ({rec.get('val_bpb')!r})"
+            try:
+                out.values = task.objective.values(rec or {})
+            except obj.MissingMetric as e:
+                out.fail_kind, out.reason = "metric", str(e)
             else:
-                out.state, out.value = "COMPLETE", value
+                out.state = "COMPLETE"
+                out.value = None if task.objective.multi else out.values[0]
         elif status in ("diverged", "pruned"):
             out.state = "PRUNED"
             out.fail_kind = "diverged" if status == "diverged" else None
@@ -534,14 +554,21 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
             return False
         for k, v in attrs.items():
             st.retry(lambda k=k, v=v: study._storage.set_trial_user_attr(task.trial_id, k, v), url=task.storage_url)
-        if out.state == "COMPLETE" and task.final_step not in trial._cached_frozen_trial.intermediate_values:
-            st.retry(lambda: trial.report(out.value, task.final_step), url=task.storage_url)
+        rec = out.record or {}
+        final = _float(rec.get("val_bpb")) if rec.get("status") == "ok" else None
+        if final is not None and task.objective.kind != "single":
+            curve = [*sup.curve, [task.final_step, final]]
+            st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, obj.ATTR_CURVE, curve),
+                     url=task.storage_url)
+        reported = task.objective.intermediate(final) if final is not None and out.state == "COMPLETE" else None
+        if reported is not None and task.final_step not in trial._cached_frozen_trial.intermediate_values:
+            st.retry(lambda: trial.report(reported, task.final_step), url=task.storage_url)
         _upload(study, trial, task, out, sup.artifact_dir)
         out.slot_seconds = time.monotonic() - t0
         st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, "slot_seconds", round(out.slot_seconds, 3)),
                  url=task.storage_url)
         state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[out.state]
-        values = out.value if out.state == "COMPLETE" else None
+        values = out.values if out.state == "COMPLETE" else None
         frozen = st.retry(lambda: study.tell(task.number, values, state=state, skip_if_finished=True),
                           url=task.storage_url)
         return frozen.state == state
@@ -562,7 +589,7 @@ def _upload(study: Any, trial: Any, task: TrialTask, out: Outcome, work: Path) -
         body = out.record if out.record is not None else {k: v for k, v in out.as_dict().items() if k != "record"}
         result.write_text(json.dumps(body, indent=1, default=str) + "\n")
         files = [work / "config.json", work / "trainer.log", work / "events.jsonl", result]
-        if out.state == "COMPLETE" and out.value is not None and artifacts.beats_best(study, out.value):
+        if out.state == "COMPLETE" and _keeps_checkpoint(study, task.objective, out):
             files.append(work / "final.pt")
         store = artifacts.open_store(task.artifact_store)
         for f in files:  # one retry unit per file, so a retried write cannot upload a file twice
@@ -573,6 +600,18 @@ def _upload(study: Any, trial: Any, task: TrialTask, out: Outcome, work: Path) -
         log.warning("trial %d: artifact upload failed: %s", task.number, reason)
         with contextlib.suppress(Exception):
             study._storage.set_trial_user_attr(task.trial_id, "artifact_error", reason)
+
+
+def _keeps_checkpoint(study: Any, objective: obj.Objective, out: Outcome) -> bool:
+    """Whether the trial's weights are worth uploading: a new best, or on the Pareto front."""
+    if out.values is None:
+        return False
+    if not objective.multi:
+        return artifacts.beats_best(study, out.values[0])
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return not any(obj.dominates(t.values, out.values, objective.directions) for t in done)
 
 
 def _phases(marks: dict[str, float], t0: float) -> dict[str, float]:

@@ -71,6 +71,19 @@ def tiny_spec(cache_dir: str | None = None, **sections: Mapping[str, Any] | None
     return base
 
 
+@contextlib.contextmanager
+def local_ray(namespace: str) -> Iterator[None]:
+    """A local Ray of two CPUs for a test module's sweeps."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
+             namespace=namespace)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def write_spec(directory: Path, name: str, sections: Mapping[str, Mapping[str, Any]]) -> Path:
     path = directory / f"{name}.toml"
     path.write_text(spec_toml(sections))

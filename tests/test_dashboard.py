@@ -146,6 +146,52 @@ def test_headless_chromium_renders_the_study_and_its_trials(swept, server, tmp_p
         assert png.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
+# Four told trials of a pareto study (val_bpb down, core up): the third is dominated by the second.
+PARETO_VALUES = [(1.0, 0.10), (1.1, 0.20), (1.2, 0.15), (0.9, 0.05)]
+
+
+@pytest.fixture(scope="module")
+def pareto(tmp_path_factory):
+    """A pareto study opened by the sweep's driver (directions and objective names as a sweep sets them)."""
+    import io
+
+    from sweep.driver import Driver
+    from sweep.spec import load
+
+    d = tmp_path_factory.mktemp("pareto")
+    url = st.resolve_url(f"journal:{d / 'j.log'}")
+    sections = tiny_spec(objective={"type": "pareto", "metrics": ["val_bpb", "core"]},
+                         fixed={**tiny_spec()["fixed"], "core_bundle": "demo"}, study={"n_trials": 4})
+    driver = Driver(load(write_spec(d, "front", sections)), out=io.StringIO())
+    driver.url = url
+    study = driver.open_study()
+    for values in PARETO_VALUES:
+        trial = study.ask()
+        driver.spec.space.suggest(trial)
+        study.tell(trial, list(values))
+    with dashboard.running(url, str(d / "art")) as base:
+        yield SimpleNamespace(base=base, sid=_study_id(base, "front"), dir=d)
+
+
+def test_api_shows_a_pareto_studys_objectives_and_front(pareto):
+    detail = _json(f"{pareto.base}/api/studies/{pareto.sid}")
+    assert detail["objective_names"] == ["val_bpb", "core"]
+    assert [t["number"] for t in detail["best_trials"]] == [0, 1, 3]  # the trial dominated by trial 1 is out
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                    reason="no chromium here (apt-get install chromium); CI must have it")
+def test_headless_chromium_renders_a_pareto_studys_front(pareto):
+    page = _chromium("--dump-dom", f"{pareto.base}/dashboard/studies/{pareto.sid}", tmp_path=pareto.dir)
+    assert page.returncode == 0, page.stderr[-2000:]
+    text = _text(page.stdout)
+    assert "Pareto Front" in text and "Objective X: val_bpb" in text and "Objective Y: core" in text
+    best = text[text.index("Best Trials"):]
+    for n, (bpb, core) in enumerate(PARETO_VALUES):
+        shown = f"Trial {n} Objective Values = [{bpb:g}, {core:g}]"
+        assert (shown in best) == (n != 2), shown
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

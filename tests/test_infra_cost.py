@@ -89,7 +89,7 @@ def test_cpu_spec_costs_nothing(tmp_path):
 def test_bad_inputs(tmp_path):
     spec = cost.load_spec(str(spec_file(tmp_path, cores=32)))
     with pytest.raises(BadInput, match="needs 8 chips but trn2.3xlarge has 1"):
-        cost.estimate(spec)
+        cost.estimate(spec, instance_type="trn2.3xlarge")
     with pytest.raises(BadInput, match="one of"):
         cost.estimate(spec, instance_type="p5.48xlarge")
     with pytest.raises(BadInput, match="must be positive"):
@@ -123,9 +123,35 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 
 
 def test_shipped_specs_estimate(capsys):
-    for name in ("demo", "phase1"):
+    for name in ("demo", "phase1", "demo-phase2"):
         assert main(["cost", name]) == 0
     assert "reserves no Trainium chips" in capsys.readouterr().out
+
+
+def test_phase2_is_priced_as_whole_trn2_48xlarge_servers(capsys):
+    """trial.chips = 16: a trn2.48xlarge per trial, for budget + allowance + eval timeout (CORE included)."""
+    for name, n_trials, seconds in (("phase2", 6, 14400 + 900 + 4800), ("phase2-short", 24, 1800 + 900 + 1800)):
+        est = cost.estimate(cost.load_spec(name))
+        assert est.instance_type == "trn2.48xlarge" and est.chips_per_trial == 16 and est.chips_per_instance == 16
+        assert est.n_trials == n_trials and est.trial_seconds == seconds
+        assert est.trials_usd == pytest.approx(n_trials * seconds / 3600 * cost.PRICES_USD_PER_HOUR["trn2.48xlarge"])
+        assert not est.over_cap
+        assert main(["cost", name, "--check"]) == 0
+    assert main(["cost", "phase2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["instance_type"] == "trn2.48xlarge" and round(data["total_usd"]) == 1198
+    assert main(["cost", "phase2", "--instance-type", "trn2.3xlarge"]) == 2  # 16 chips do not fit one
+    assert "needs 16 chips but trn2.3xlarge has 1" in capsys.readouterr().err
+
+
+def test_chips_decide_the_chips_and_the_instance(tmp_path):
+    path = tmp_path / "k.toml"
+    text = spec_file(tmp_path).read_text().replace("ranks = 1\n", "chips = 4\n")
+    path.write_text(text.replace("neuron_cores = 4\n", ""))
+    spec = cost.load_spec(str(path))
+    assert cost.chips_per_trial(spec) == 4 and spec.resources.neuron_cores == 16
+    assert cost.instance_for(1) == "trn2.3xlarge" and cost.instance_for(4) == "trn2.48xlarge"
+    assert cost.estimate(spec).instance_type == "trn2.48xlarge"
 
 
 def test_live_price_parses_the_price_list():

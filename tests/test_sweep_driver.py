@@ -129,3 +129,17 @@ def test_driver_stores_an_outcome_the_supervisor_could_not(driver):
     from sweep.cli import record_of
 
     assert record_of(t) == result["record"] and t.user_attrs["slot_seconds"] == 9.0
+
+
+def test_resume_under_another_objective_is_refused_in_one_line(driver):
+    composite = {"type": "composite", "terms": {"val_bpb": {"weight": 1.0, "best": 0.9, "worst": 1.1}}}
+    d = driver(objective=composite)
+    assert d.study.metric_names == ["composite"] and d.study.user_attrs["direction"] == "maximize"
+    assert d.study.user_attrs["objective"] == "maximize 1 x val_bpb[1.1->0.9]"
+    # Same single direction (maximize), another objective: the stored names tell them apart.
+    with pytest.raises(drv.SweepAborted) as e:
+        driver(study={"n_trials": 4, "direction": "maximize"})
+    assert str(e.value) == "study 'drv' exists with objective composite, spec says val_bpb"
+    with pytest.raises(drv.SweepAborted, match="^study 'drv' exists with direction maximize, spec says minimize$"):
+        driver()
+    assert driver(objective=composite).study.metric_names == ["composite"]  # the same objective resumes

@@ -19,6 +19,7 @@ from sweep.spec import load
 from tests.sweep_fixtures import (
     ROOT,
     load_trials,
+    local_ray,
     pg_available,
     pg_database,
     processes_with,
@@ -34,12 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not pg_available(), reason="P
 
 @pytest.fixture(scope="module")
 def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
-             namespace="sweep-tests")
-    yield
-    ray.shutdown()
+    with local_ray("sweep-tests"):
+        yield
 
 
 @pytest.fixture
