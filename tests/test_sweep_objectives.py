@@ -1,6 +1,6 @@
 """Objectives end to end: a pareto sweep of two-rank (gloo) trials on a real local Ray, a composite trial's
-reports and score, and a record that lacks a metric. The trainer is the real one behind
-``tests.core_trainer``, which adds the CORE record fields until the trainer's own CORE lands."""
+reports and score, and a record that lacks a metric. The trainer is the real one, scoring CORE on a few
+examples per task of the demo bundle."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec
 
 pytestmark = pytest.mark.slow
 
-TRAINER = "tests.core_trainer"
+TRAINER = "model.train"
+CORE = {"core_bundle": "demo", "core_max_examples": 6, "core_max_seconds": 30}  # a few examples per task
 PARETO = {"type": "pareto", "metrics": ["val_bpb", "core"]}
 
 
@@ -45,7 +46,7 @@ def test_pareto_sweep_of_two_rank_trials_keeps_curves_and_prints_its_front(ray_l
         data_cache, study={"n_trials": 3, "concurrency": 2, "seed": 1}, objective=PARETO,
         trial={"budget_s": 3, "startup_allowance_s": 60, "eval_timeout_s": 30, "eval_fractions": [0.5],
                "heartbeat_s": 1, "stale_after_s": 20, "stop_grace_s": 5, "ranks": 2, "trainer": TRAINER},
-        fixed={**tiny_spec(data_cache)["fixed"], "core_bundle": "demo"}))
+        fixed={**tiny_spec(data_cache)["fixed"], **CORE}))
     out = io.StringIO()
     assert Driver(load(spec_path), out=out).run() == 0, out.getvalue()
     text = out.getvalue()
@@ -118,7 +119,7 @@ def test_composite_trial_reports_normalised_val_bpb_and_tells_its_score(tmp_path
     terms = (obj.Term("val_bpb", 0.5, best=2.0, worst=4.0), obj.Term("core", 0.5, best=0.3, worst=0.0))
     objective = obj.Objective("composite", ("val_bpb", "core"), ("maximize",), terms)
     study = optuna.create_study(study_name="comp", storage=st.open_storage(journal), direction="maximize")
-    out = run_trial(_task(tmp_path, journal, study, objective, {**config, "core_bundle": "demo"}))
+    out = run_trial(_task(tmp_path, journal, study, objective, {**config, **CORE}))
     assert out.state == "COMPLETE" and out.told, out.reason
     (t,) = study.get_trials()
     rec = cli.record_of(t)
