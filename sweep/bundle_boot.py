@@ -47,6 +47,9 @@ class BundleFinder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
     def create_module(self, spec):
         return None
 
+    def get_code(self, fullname: str):
+        return self.source_to_code(self.get_source(fullname), self.filename(fullname))
+
     def exec_module(self, module) -> None:
         name = module.__name__
         source = self.get_source(name)
@@ -54,7 +57,7 @@ class BundleFinder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
         # mtime None: linecache.checkcache keeps the entry although no such file exists.
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         setattr(module, BUNDLE_ATTR, self.bundle_id)
-        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+        super().exec_module(module)  # the standard loader path: get_code, then run it in the module
 
     def is_package(self, fullname: str) -> bool:
         return self.modules[fullname][0]

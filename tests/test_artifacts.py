@@ -104,7 +104,7 @@ def test_supervisor_uploads_and_only_a_new_best_uploads_its_checkpoint(study, tm
         _files(work)
         (work / "events.jsonl").write_text('{"event": "step"}\n')
         record = {"status": "ok", "val_bpb": value}
-        out = worker.Outcome(number=trial.number, state="COMPLETE", value=value, record=record)
+        out = worker.Outcome(number=trial.number, state="COMPLETE", value=value, values=[value], record=record)
         worker._upload(study, trial, _task(store_url, work), out, work)
         study.tell(trial, value)
         frozen = study._storage.get_trial(trial._trial_id)
@@ -133,7 +133,7 @@ def test_a_failed_upload_is_recorded_not_raised(study, tmp_path, monkeypatch):
         trial = study.ask()
         work = tmp_path / "w"
         _files(work)
-        out = worker.Outcome(number=trial.number, state="COMPLETE", value=1.0, record={"status": "ok"})
+        out = worker.Outcome(number=trial.number, state="COMPLETE", value=1.0, values=[1.0], record={"status": "ok"})
         worker._upload(study, trial, _task("s3://no-such-bucket/p", work), out, work)
     attrs = study._storage.get_trial(trial._trial_id).user_attrs
     assert "NoSuchBucket" in attrs["artifact_error"]
