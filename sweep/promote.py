@@ -135,7 +135,7 @@ def ranked_metric(objective: obj.Objective, by: str | None, study: str = "") -> 
     if objective.multi:
         if by not in objective.metrics:
             given = f"--by {by}: not one of its metrics" if by else "--by METRIC is required"
-            raise PromoteError(f"study {study!r}'s objective is pareto ({objective.describe()}), so no single "
+            raise PromoteError(f"study {study!r} is pareto ({objective.describe()}), so it has no single "
                                f"order: {given}; rank by one of {', '.join(objective.metrics)}")
         return by
     name = objective.names[0]

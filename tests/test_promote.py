@@ -222,8 +222,8 @@ def test_pareto_ranks_by_the_named_metric_in_its_direction_and_requires_it(tmp_p
     assert [(c["source_trial"], c["source_value"]) for c in by_bpb] == [(0, 1.20), (1, 1.25), (2, 1.40)]
     assert [(c["source_trial"], c["source_value"]) for c in by_tps] == [(1, 1100.0), (0, 1000.0), (2, 500.0)]
     for argv, message in [
-        (["promote", str(path)], "study 'par''s objective is pareto (minimize val_bpb, maximize tokens_per_second), "
-                                 "so no single order: --by METRIC is required; rank by one of val_bpb, "
+        (["promote", str(path)], "study 'par' is pareto (minimize val_bpb, maximize tokens_per_second), so it has "
+                                 "no single order: --by METRIC is required; rank by one of val_bpb, "
                                  "tokens_per_second"),
         (["promote", str(path), "--by", "core"], "--by core: not one of its metrics; rank by one of val_bpb, "
                                                  "tokens_per_second"),
