@@ -118,8 +118,9 @@ def load_spec(name_or_path: str, command: str = "status") -> StudySpec:
             raise SpecError(f"{name_or_path}: neither a study spec nor a promotion of one "
                             f"(no spec {base_path})") from None
         if command not in READ_ONLY_COMMANDS:
+            by = " --by METRIC" if base.objective.multi else ""
             raise SpecError(f"{name_or_path} is a promotion of study {base.name!r}: `python -m sweep promote "
-                            f"{m['base']} --budget-s {m['budget']}` runs it") from None
+                            f"{m['base']} --budget-s {m['budget']}{by}` runs it") from None
         return linked_spec(base, float(m["budget"]))
 
 

@@ -397,6 +397,8 @@ def test_pareto_promotion_under_another_spec_on_ray_records_both_values_and_resu
     assert _main(["promote", str(path), "--by", "val_bpb", "--budget-s", "2"]) == 2
     assert "was promoted under spec 'parfull', not 'par'" in capsys.readouterr().err
     linked = str(tmp_path / "par-promote-2.toml")
+    assert _main(["run", linked]) == 2
+    assert "`python -m sweep promote par --budget-s 2 --by METRIC` runs it" in capsys.readouterr().err
     assert _main(["export", linked, "--out", str(tmp_path / "sub")]) == 2
     err = capsys.readouterr().err
     assert "choose a trial of its Pareto front with --trial N" in err and not (tmp_path / "sub").exists()
