@@ -13,12 +13,15 @@ Writes three files into DIR:
   a few seconds on the demo corpus.
 - ``launch.sh``: ``NEURON_LOGICAL_NC_CONFIG={1|2} torchrun --standalone --nproc_per_node={1|4|8} train.py``
   from the trial's launch shape (what the worker recorded, else the spec's).
-- ``provenance.json``: study, trial, params, val_bpb, the code version exported and the one the
-  trial ran, the bundle's module digests, the sha256 of ``train.py`` and the export time.
+- ``provenance.json``: study, trial, params, val_bpb (the record's), the objective's values, the code
+  version exported and the one the trial ran, the bundle's module digests, the sha256 of ``train.py``
+  and the export time.
 
-The default trial is the study's best complete one. Exit codes: 2 for bad input (unknown study or
-trial, a trial without a result record, a launch shape the competition cannot run), 1 when the
-file would exceed the upload limit or anything else fails.
+The default trial is the study's best complete one (a composite study's: its highest score); a pareto
+study has no single best, so ``--trial N`` picks one of its front (the error lists them). Exit codes: 2
+for bad input (unknown study or trial, a trial without a result record, a launch shape the competition
+cannot run, a pareto study without ``--trial``), 1 when the file would exceed the upload limit or
+anything else fails.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import bundle, neuron
+from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import code_version
 
@@ -71,7 +75,8 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("export", help="write a trial as a competition submission: train.py, launch.sh, provenance")
     p.add_argument("study", help="NAME (sweep/studies/NAME.toml), a linked study (NAME-promote-B) or a .toml path")
-    p.add_argument("--trial", type=int, default=None, metavar="N", help="trial number (default: the best complete)")
+    p.add_argument("--trial", type=int, default=None, metavar="N", help="trial number (default: the best complete; "
+                   "required for a pareto study: one of its front)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the files into")
     p.add_argument("--budget-s", type=_seconds, default=COMPETITION_BUDGET_S, metavar="N",
                    help=f"charged training seconds baked in (default {COMPETITION_BUDGET_S:g}, the competition's)")
@@ -82,7 +87,7 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
 
     try:
         study = _load_study(spec, url)
-        trial = pick_trial(study, args.trial)
+        trial = pick_trial(study, args.trial, spec.objective)
         result = export(spec, study.study_name, trial, args.out, args.budget_s)
     except ExportError as e:
         _say(f"sweep: {e}", url)
@@ -93,7 +98,9 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
     for w in result["warnings"]:
         _say(f"sweep: warning: {w}", url)
     p = result["provenance"]
-    print(f"exported trial {p['trial']} of study {p['study']} (val_bpb {p['val_bpb']:.4f}) to {args.out}: "
+    shown = {"val_bpb": p["val_bpb"], **p["values"]}
+    values = ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} ?" for k, v in shown.items())
+    print(f"exported trial {p['trial']} of study {p['study']} ({values}) to {args.out}: "
           f"train.py {p['train_py_bytes']:,} bytes ({p['bundle']['encoding']}), launch: {p['launch']}", file=out,
           flush=True)
     return 0
@@ -112,11 +119,21 @@ def record_config(t: Any) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def pick_trial(study: Any, number: int | None) -> Any:
-    """Trial ``number``, or the best complete one; it must have finished with a result record."""
+def pick_trial(study: Any, number: int | None, objective: obj.Objective | None = None) -> Any:
+    """Trial ``number``, or the best complete one (none for a multi-objective study: ``number`` is then
+    required); it must have finished with a result record."""
     from sweep.driver import _best
 
     trials = study.get_trials(deepcopy=False)
+    if number is None and len(study.directions) > 1:
+        directions = [d.name.lower() for d in study.directions]
+        members = [t.number for t in obj.front(trials, directions)]
+        if not members:
+            raise ExportError(f"study {study.study_name!r} has no complete trial to export")
+        names = objective.describe() if objective is not None else ", ".join(study.metric_names or directions)
+        raise ExportError(f"study {study.study_name!r} is multi-objective ({names}): no single best; choose a trial "
+                          f"of its Pareto front with --trial N (front: trial{'s' * (len(members) > 1)} "
+                          f"{', '.join(map(str, members))})")
     if number is None:
         best = _best(trials, study.direction.name.lower())
         if best is None:
@@ -203,7 +220,10 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
                         "it at other data)")
 
     modules = bundle.collect(root)
-    info = {"study": study_name, "trial": t.number, "val_bpb": t.value,
+    # A single study's value is val_bpb; a composite or pareto study's val_bpb is the record's.
+    val_bpb = t.value if spec.objective.kind == "single" else t.user_attrs.get("val_bpb")
+    values = dict(zip(spec.objective.names, t.values or (), strict=False))
+    info = {"study": study_name, "trial": t.number, "val_bpb": val_bpb,
             "trained_budget_s": trained_config.get("budget_s"), "trained_device": t.user_attrs.get("device"),
             "version": version, "lnc": lnc, "launch": launch_line(ranks, lnc),
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
@@ -218,7 +238,8 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
                   f"directory holding train.py.\n{info['launch']}\n")
     sh.chmod(0o755)
     provenance = {
-        "study": study_name, "trial": t.number, "params": dict(t.params), "val_bpb": t.value,
+        "study": study_name, "trial": t.number, "params": dict(t.params), "val_bpb": val_bpb, "values": values,
+        "objective": spec.objective.describe(),
         "trained_budget_s": info["trained_budget_s"], "trained_device": info["trained_device"],
         "budget_s": float(budget_s), "config": config,
         "submission_keys": {k: why for k, (_, why) in SUBMISSION.items()},

@@ -13,9 +13,15 @@ those recordings at no compute, so a team can compare strategies before renting 
 - compute spent is the charged seconds up to that point plus the trial's start-up (as recorded, or
   ``--startup-s``).
 
-It reports the best val_bpb reached against compute spent (the trajectory and the totals), and
+It reports the best value reached against compute spent (the trajectory and the totals), and
 whether the study's true best trial was pruned. What it cannot show: configurations nobody recorded,
 and seed noise beyond the one recorded run of each.
+
+The replay follows the study's objective (:mod:`sweep.objective`): a single study replays val_bpb,
+minimised; a composite study replays what its trials reported (the normalised val_bpb term) and
+ranks by its score, both maximised, as the sweep did. A pareto study is refused: Optuna cannot
+prune a multi-objective study, so its sweep made no pruning decisions to replay. The fields named
+``*_val_bpb`` hold the study's value (a composite study's score); ``metric`` names it.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class Recorded:
     train_seconds: float
     startup_s: float
     config: dict[str, Any]
+    final_report: float | None = None  # what the trial reported at the final step (None: the value)
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class Replay:
     true_best_val_bpb: float
     true_best_pruned: bool | None  # None: the true best was never chosen (fewer trials than recordings)
     trajectory: tuple[Step, ...]
+    direction: str = "minimize"
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -85,13 +93,13 @@ class Replay:
 
 
 def recorded_trials(trials: Sequence[Any], budget_s: float) -> list[Recorded]:
-    """Complete trials of the spec's budget that recorded at least one intermediate val_bpb."""
+    """Complete single-valued trials of the spec's budget that reported at least one intermediate value."""
     from sweep.driver import ATTR_ADHOC_BUDGET  # the driver pulls in Ray's side; only needed here
 
     final_step = round(budget_s)
     out = []
     for t in trials:
-        if t.state.name != "COMPLETE" or t.value is None or not math.isfinite(t.value):
+        if t.state.name != "COMPLETE" or len(t.values or ()) != 1 or not math.isfinite(t.values[0]):
             continue
         if t.user_attrs.get(ATTR_ADHOC_BUDGET, budget_s) != budget_s:
             continue
@@ -101,11 +109,13 @@ def recorded_trials(trials: Sequence[Any], budget_s: float) -> list[Recorded]:
             continue
         a = t.user_attrs
         train_s = a.get("train_seconds")
+        final = t.intermediate_values.get(final_step)
         out.append(Recorded(
             number=t.number, params=dict(t.params), distributions=dict(t.distributions), curve=curve,
             value=float(t.value), train_seconds=float(train_s) if _number(train_s) else float(final_step),
             startup_s=float(a["startup_seconds"]) if _number(a.get("startup_seconds")) else 0.0,
             config=dict(a["config"]) if isinstance(a.get("config"), Mapping) else {},
+            final_report=float(final) if _number(final) else None,
         ))
     return out
 
@@ -115,8 +125,9 @@ def _number(v: Any) -> bool:
 
 
 def replay(recorded: Sequence[Recorded], sampler: Component, pruner: Component, budget_s: float,
-           n_trials: int | None = None, startup_s: float | None = None) -> Replay:
-    """Run the sampler and pruner over the recordings, one trial at a time, in an in-memory study."""
+           n_trials: int | None = None, startup_s: float | None = None, direction: str = "minimize") -> Replay:
+    """Run the sampler and pruner over the recordings, one trial at a time, in an in-memory study that
+    optimises in ``direction`` (the recorded study's)."""
     import optuna
 
     if not recorded:
@@ -124,12 +135,13 @@ def replay(recorded: Sequence[Recorded], sampler: Component, pruner: Component, 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        study = optuna.create_study(study_name="replay", direction="minimize", sampler=build_sampler(sampler),
+        study = optuna.create_study(study_name="replay", direction=direction, sampler=build_sampler(sampler),
                                     pruner=build_pruner(pruner))
+    sign = 1.0 if direction == "minimize" else -1.0
     space = _union_space(recorded)
     final_step = round(budget_s)
     unused = sorted(recorded, key=lambda r: r.number)
-    true_best = min(recorded, key=lambda r: (r.value, r.number))
+    true_best = min(recorded, key=lambda r: (sign * r.value, r.number))
     n = len(recorded) if n_trials is None else min(n_trials, len(recorded))
     steps: list[Step] = []
     compute = full = 0.0
@@ -147,7 +159,7 @@ def replay(recorded: Sequence[Recorded], sampler: Component, pruner: Component, 
             start = chosen.startup_s if startup_s is None else startup_s
             compute += (chosen.train_seconds if stopped is None else stopped) + start
             full += chosen.train_seconds + start
-            if stopped is None and (best is None or chosen.value < best.value):
+            if stopped is None and (best is None or sign * chosen.value < sign * best.value):
                 best = chosen
             if stopped is not None:
                 pruned_numbers.add(chosen.number)
@@ -159,7 +171,7 @@ def replay(recorded: Sequence[Recorded], sampler: Component, pruner: Component, 
         best_val_bpb=None if best is None else best.value, best_number=None if best is None else best.number,
         true_best_number=true_best.number, true_best_val_bpb=true_best.value,
         true_best_pruned=(true_best.number in pruned_numbers) if true_best.number in chosen_numbers else None,
-        trajectory=tuple(steps),
+        trajectory=tuple(steps), direction=direction,
     )
 
 
@@ -178,7 +190,8 @@ def _run(study: Any, r: Recorded, final_step: int) -> int | None:
             study.tell(t, state=TrialState.PRUNED)
             return step
     t.set_user_attr("config", r.config)
-    t.report(r.value, final_step)  # as the worker does: the final value closes the curve
+    # As the worker does: the final report closes the curve (a composite study's: its val_bpb term).
+    t.report(r.value if r.final_report is None else r.final_report, final_step)
     study.tell(t, r.value)
     return None
 
@@ -247,16 +260,24 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
             raise ReplayError(f"--n-trials must be >= 1, got {args.n_trials}")
         if args.startup_s is not None and not (math.isfinite(args.startup_s) and args.startup_s >= 0):
             raise ReplayError(f"--startup-s must be a finite number >= 0, got {args.startup_s}")
+        if spec.objective.multi:
+            raise ReplayError(f"study {spec.name!r} is pareto ({spec.objective.describe()}): Optuna cannot prune a "
+                              "multi-objective study, so its sweep made no pruning decisions to replay; replay a "
+                              "single or composite study")
+        if spec.direction == "maximize" and pruner.name == "learning_curve":
+            raise ReplayError(f"--pruner learning_curve: it models minimised val_bpb curves and study {spec.name!r} "
+                              f"is maximised ({spec.objective.describe()}); pick median, percentile, hyperband, "
+                              "successive_halving or none")
         trials = _load_trials(spec, url)
         recorded = recorded_trials(trials, spec.budget_s)
         if not recorded:
             raise ReplayError(f"study {spec.name!r} has no complete trial with a recorded learning curve "
                               f"(of {len(trials)} trials); run it with trial.eval_fractions and no pruning")
-        result = replay(recorded, sampler, pruner, spec.budget_s, args.n_trials, args.startup_s)
+        result = replay(recorded, sampler, pruner, spec.budget_s, args.n_trials, args.startup_s, spec.direction)
     except ReplayError as e:
         print(f"sweep: {' '.join(st.scrub(str(e), url).split())}", file=sys.stderr, flush=True)
         return 2
-    body = {"study": spec.name, "sampler": {"name": sampler.name, **sampler.options},
+    body = {"study": spec.name, "metric": spec.objective.names[0], "sampler": {"name": sampler.name, **sampler.options},
             "pruner": {"name": pruner.name, **pruner.options}, "recorded": len(recorded), **result.as_dict()}
     if args.json:
         print(json.dumps(body, default=str), file=out, flush=True)
@@ -331,6 +352,7 @@ def _print(body: Mapping[str, Any], out: TextIO) -> None:
               file=out)
     verdict = {None: "not replayed", True: "PRUNED", False: "kept"}[body["true_best_pruned"]]
     best = "-" if body["best_val_bpb"] is None else f"{body['best_val_bpb']:.4f}"
-    print(f"best val_bpb {best} for {body['compute_s']:.1f} s of compute ({body['compute_saved_frac']:.0%} saved "
+    print(f"best {body['metric']} {best} ({body['direction']}d) for {body['compute_s']:.1f} s of compute "
+          f"({body['compute_saved_frac']:.0%} saved "
           f"against no pruning); {body['pruned']} pruned; the true best (trial {body['true_best_number']}, "
           f"{body['true_best_val_bpb']:.4f}) was {verdict}", file=out)

@@ -251,3 +251,61 @@ def test_finder_serves_source_to_inspect_and_refuses_a_foreign_package(monkeypat
     assert mod.__file__ == "/nonexistent/b/tsb_pkg/mod.py" and sys.modules["tsb_pkg"].VALUE == 1
     with pytest.raises(ImportError, match="already imported from"):
         bundle_boot.install({"json": (False, "")}, "id2", "/nonexistent/c")
+
+
+def _objective_study(tmp_path, monkeypatch, tiny_config, name: str, sections: dict, records: list[dict]) -> Path:
+    """Spec ``name`` with the given extra sections and a study of one complete trial per record."""
+    import optuna
+
+    from model.config import parse_config
+    from sweep.spec import load
+
+    spec_sections = tiny_spec(tiny_config["cache_dir"], **sections)
+    spec_sections["fixed"] = {**spec_sections["fixed"], "core_bundle": "demo"}
+    spec_path = write_spec(tmp_path, name, spec_sections)
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv("SWEEP_STORAGE", url)
+    spec = load(spec_path)
+    config = parse_config({**spec.space.trainer_config(PARAMS), "budget_s": spec.budget_s}).to_dict()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s = optuna.create_study(study_name=name, storage=st.open_storage(url), directions=spec.directions)
+    for rec in records:
+        record = {"status": "ok", "config": config, "device": "cpu", **rec}
+        s.add_trial(optuna.trial.create_trial(
+            params=PARAMS, distributions=spec.space.distributions(PARAMS), values=spec.objective.values(record),
+            user_attrs={**record, "record_fields": sorted(record), "launch_ranks": 1}))
+    return spec_path
+
+
+def test_pareto_study_needs_trial_and_names_its_front(tmp_path, monkeypatch, tiny_config, capsys):
+    path = _objective_study(tmp_path, monkeypatch, tiny_config, "par",
+                            {"objective": {"type": "pareto", "metrics": ["val_bpb", "core"]}},
+                            [{"val_bpb": 2.5, "core": 0.10}, {"val_bpb": 2.4, "core": 0.05},
+                             {"val_bpb": 2.6, "core": 0.04}])  # trial 2 is dominated by both
+    out = tmp_path / "sub"
+    assert export(path, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and not out.exists()
+    assert err == ("sweep: study 'par' is multi-objective (minimize val_bpb, maximize core): no single best; "
+                   "choose a trial of its Pareto front with --trial N (front: trials 0, 1)")
+    assert export(path, out, "--trial", "1") == 0, capsys.readouterr().err
+    assert "(val_bpb 2.4000, core 0.0500)" in capsys.readouterr().out
+    prov = json.loads((out / "provenance.json").read_text())
+    assert (prov["trial"], prov["val_bpb"], prov["values"]) == (1, 2.4, {"val_bpb": 2.4, "core": 0.05})
+    assert prov["objective"] == "minimize val_bpb, maximize core"
+
+
+def test_composite_study_exports_its_highest_score(tmp_path, monkeypatch, tiny_config, capsys):
+    sections = {"objective": {"type": "composite"},
+                "objective.terms.val_bpb": {"weight": 0.5, "best": 1.0, "worst": 3.0},
+                "objective.terms.core": {"weight": 0.5, "best": 0.3, "worst": 0.0}}
+    # Trial 0 has the lower val_bpb, trial 1 the higher score: 0.5 * 0.15 + 0.5 * 0.2 / 0.3 = 0.4083.
+    path = _objective_study(tmp_path, monkeypatch, tiny_config, "comp", sections,
+                            [{"val_bpb": 2.5, "core": 0.05}, {"val_bpb": 2.7, "core": 0.2}])
+    out = tmp_path / "sub"
+    assert export(path, out) == 0, capsys.readouterr().err
+    assert "exported trial 1 of study comp (val_bpb 2.7000, composite 0.4083)" in capsys.readouterr().out
+    prov = json.loads((out / "provenance.json").read_text())
+    assert (prov["trial"], prov["val_bpb"]) == (1, 2.7)
+    assert prov["values"]["composite"] == pytest.approx(0.5 * 0.15 + 0.5 * 0.2 / 0.3)
+    assert "val_bpb 2.7000" in (out / "train.py").read_text()[:400]

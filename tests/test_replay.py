@@ -16,6 +16,7 @@ from sweep import storage as st
 from sweep.replay import components, recorded_trials, replay
 from sweep.spec import Component, load
 from tests.conftest import subprocess_env
+from tests.sweep_fixtures import tiny_spec, write_spec
 from tests.test_pruners import BUDGET, STEPS, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,17 +28,22 @@ RECORDINGS = [(0.01, 0.5, None), (0.02, 0.3, None), (0.04, 0.6, None), (0.03, 0.
               (0.005, 0.5, None), (0.05, 0.7, None)]
 
 
+def _demo_spec(tmp: Path, name: str, study_extra: str = "", tables: str = "") -> tuple[Path, Path]:
+    """Spec NAME extending demo.toml with the recordings' budget and eval points, stored in tmp's journal."""
+    journal = tmp / "journal.log"
+    fractions = ", ".join(f"{s / BUDGET:g}" for s in STEPS)
+    spec = tmp / f"{name}.toml"
+    spec.write_text(f'extends = "{ROOT / "sweep" / "studies" / "demo.toml"}"\n'
+                    f'[study]\nstorage = "journal:{journal}"\n{study_extra}'
+                    f"[trial]\nbudget_s = {BUDGET}\neval_fractions = [{fractions}]\n"
+                    '[sampler]\nname = "random"\n[pruner]\nname = "none"\n' + tables)
+    return spec, journal
+
+
 @pytest.fixture(scope="module")
 def recorded_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A journal store holding a finished study with full curves, and the spec that names it."""
-    tmp = tmp_path_factory.mktemp("replay")
-    journal = tmp / "journal.log"
-    fractions = ", ".join(f"{s / BUDGET:g}" for s in STEPS)
-    spec = tmp / "recorded.toml"
-    spec.write_text(f'extends = "{ROOT / "sweep" / "studies" / "demo.toml"}"\n'
-                    f'[study]\nstorage = "journal:{journal}"\n'
-                    f"[trial]\nbudget_s = {BUDGET}\neval_fractions = [{fractions}]\n"
-                    '[sampler]\nname = "random"\n[pruner]\nname = "none"\n')
+    spec, journal = _demo_spec(tmp_path_factory.mktemp("replay"), "recorded")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(study_name="recorded", storage=st.open_storage(f"journal:{journal}"))
     for i, (lr, wd, b) in enumerate(RECORDINGS):
@@ -156,3 +162,86 @@ def test_cli_replay_unknown_study_or_no_curves(recorded_study: Path, tmp_path: P
     err = capsys.readouterr().err
     assert "no complete trial with a recorded learning curve" in err and err.count("\n") == 1
     assert cli.main(["replay", str(tmp_path / "missing.toml")], out=io.StringIO()) == 2
+
+
+# -- objectives -------------------------------------------------------------------------------------
+
+COMPOSITE_TOML = ('[objective]\ntype = "composite"\n[objective.terms.val_bpb]\nweight = 0.5\nbest = 1.0\n'
+                  'worst = 2.0\n[objective.terms.core]\nweight = 0.5\nbest = 0.3\nworst = 0.0\n'
+                  '[fixed]\ncore_bundle = "demo"\n')
+
+
+@pytest.fixture(scope="module")
+def composite_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished composite study (0.5 val_bpb in [2, 1] + 0.5 core in [0, 0.3]) recorded as the worker records
+    one: intermediate reports and the final one are the normalised val_bpb term, the value is the score. Core
+    runs against val_bpb, so the best score is not the best val_bpb."""
+    from sweep import objective as obj
+
+    spec, journal = _demo_spec(tmp_path_factory.mktemp("replay_composite"), "comp", 'direction = "maximize"\n',
+                               COMPOSITE_TOML)
+    objective = load(spec).objective
+    term = objective.terms[0]
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(study_name="comp", storage=st.open_storage(f"journal:{journal}"),
+                                direction="maximize")
+    for i, (lr, wd, b) in enumerate(RECORDINGS):
+        _, values, final = synthetic(lr, wd, b=b, noise=0.002, seed=i)
+        record = {"val_bpb": final, "core": 0.25 - 0.02 * i, "train_seconds": float(BUDGET),
+                  "startup_seconds": STARTUP_S, "config": {"matrix_lr": lr, "warmdown_ratio": wd}}
+        study.enqueue_trial({"matrix_lr": lr, "warmdown_ratio": wd})
+        t = study.ask()
+        t.suggest_float("matrix_lr", 0.005, 0.1, log=True)
+        t.suggest_float("warmdown_ratio", 0.2, 0.8)
+        for step, v in values.items():
+            t.report(term.normalise(v), step)
+        t.report(term.normalise(final), BUDGET)
+        t.set_user_attr(obj.ATTR_CURVE, [[s, v] for s, v in sorted({**values, BUDGET: final}.items())])
+        for k, v in record.items():
+            t.set_user_attr(k, v)
+        study.tell(t, objective.values(record))
+    return spec
+
+
+def test_composite_replays_its_reported_term_in_the_study_direction(composite_study: Path) -> None:
+    recs = _recorded(composite_study)
+    assert len(recs) == len(RECORDINGS)
+    best_score = max(recs, key=lambda r: r.value)
+    best_bpb = max(recs, key=lambda r: r.final_report)  # the highest term: the lowest val_bpb
+    assert best_score.number != best_bpb.number  # so ranking by val_bpb would pick another trial
+    sampler = Component("random", {"seed": 3})
+    none = replay(recs, sampler, _pruner(composite_study, "none"), BUDGET, direction="maximize")
+    assert (none.true_best_number, none.best_number, none.best_val_bpb) == (best_score.number,) * 2 + (
+        best_score.value,)
+    bests = [s.best_val_bpb for s in none.trajectory]
+    assert bests == sorted(bests)  # maximised: the best so far only grows
+    median = replay(recs, sampler, _pruner(composite_study, "median", n_startup_trials=2), BUDGET,
+                    direction="maximize")
+    assert median.pruned > 0 and median.compute_s < none.compute_s
+    # The median pruner stops the trials whose reported term (higher is better) lags: the pruned ones end
+    # lower than the kept ones, on average.
+    final = {r.number: r.final_report for r in recs}
+    pruned = [final[s.number] for s in median.trajectory if s.state == "PRUNED"]
+    kept = [final[s.number] for s in median.trajectory if s.state == "COMPLETE"]
+    assert sum(pruned) / len(pruned) < sum(kept) / len(kept)
+
+
+def test_cli_composite_replay_and_refusals(composite_study: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    assert cli.main(["replay", str(composite_study), "--pruner", "median", "--seed", "1", "--json"], out=out) == 0
+    body = json.loads(out.getvalue())
+    assert (body["metric"], body["direction"], body["recorded"]) == ("composite", "maximize", len(RECORDINGS))
+    out = io.StringIO()
+    assert cli.main(["replay", str(composite_study), "--pruner", "median"], out=out) == 0
+    assert "best composite" in out.getvalue() and "(maximized)" in out.getvalue()
+    assert cli.main(["replay", str(composite_study), "--pruner", "learning_curve"], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "--pruner learning_curve: it models minimised val_bpb curves" in err and err.count("\n") == 1
+    sections = tiny_spec(objective={"type": "pareto", "metrics": ["val_bpb", "core"]})
+    sections["fixed"] = {**sections["fixed"], "core_bundle": "demo"}
+    pareto = write_spec(tmp_path, "par", sections)
+    assert cli.main(["replay", str(pareto)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "study 'par' is pareto (minimize val_bpb, maximize core): Optuna cannot prune " \
+                                    "a multi-objective study, so its sweep made no pruning decisions to replay" in err
