@@ -574,6 +574,9 @@ def _objective(r: _Reader, raw: Any, direction: str, direction_given: bool, prun
         if pruner.name != "none" and not objective.reports:
             raise r.error("pruner.name", "a composite objective is pruned on its val_bpb term; add "
                                          "[objective.terms.val_bpb] or use \"none\"")
+    if pruner.name == "learning_curve" and objective.directions != ("minimize",):
+        raise r.error("pruner.name", "the learning_curve pruner predicts a minimised val_bpb; this study is "
+                                     f"{kind} ({', '.join(objective.directions)}): use median or hyperband")
     needs = sorted(obj.NEEDS_CORE & set(objective.metrics))
     if needs and not (isinstance(fixed.get("core_bundle"), str) and fixed["core_bundle"]):
         raise r.error("fixed.core_bundle", f"the {kind} objective uses {', '.join(needs)}, which only a trainer "

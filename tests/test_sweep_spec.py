@@ -198,6 +198,8 @@ BAD = {
     "composite pruned without val_bpb": ({"fixed": {**FIXED, "core_bundle": "demo"}, "pruner": {"name": "median"},
                                           "objective": {"type": "composite", "terms": {
                                               "core": {"weight": 1, "best": 0.3, "worst": 0.1}}}}, "pruner.name"),
+    "learning_curve on a maximised composite": ({"pruner": {"name": "learning_curve"}, "objective": {
+        "type": "composite", "terms": {"val_bpb": {"weight": 1, "best": 2.0, "worst": 3.0}}}}, "pruner.name"),
 }
 
 
