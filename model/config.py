@@ -48,6 +48,7 @@ class RunConfig:
     core_bundle: str = ""  # CORE after the final eval: "" none, "demo" the demo bundle, else a bundle directory
     core_max_seconds: float = 3600.0  # CORE's time limit; past it the result is marked incomplete
     core_max_examples: int = 0  # per task; 0: all
+    core_buckets: int = 4  # CORE row lengths seq_len, /2, /4, ... (>= 64); 1: every row padded to seq_len
     fault: str = ""  # test-only fault injection: hang, crash, oom, diverge, core_crash (CORE raises)
     fault_step: int = 0
 
@@ -157,6 +158,8 @@ def _check_run(run: RunConfig) -> None:
         raise ConfigError(f"max_loss must not be negative, got {run.max_loss}")
     if run.core_max_seconds <= 0:
         raise ConfigError(f"core_max_seconds must be positive, got {run.core_max_seconds}")
+    if run.core_buckets < 1:
+        raise ConfigError(f"core_buckets must be at least 1, got {run.core_buckets}")
 
 
 def resolve_batch(cfg: TrainConfig, world_size: int) -> None:

@@ -16,24 +16,37 @@ greedy decoding reproduces every continuation token. Few-shot examples (gold ans
 per example with a fixed seed and never include the example itself, and are joined by blank lines.
 Centered accuracy = (acc - b) / (1 - b), b the random baseline as a fraction; CORE = the mean over tasks.
 
-Shapes are static, as Neuron wants them: every row is BOS plus the prompt, left-truncated to seq_len
-(BOS kept) and right-padded with BOS, and batches hold exactly batch_size rows, one forward each. Examples
-are taken round-robin across tasks (each task's examples in a fixed shuffled order), so a run cut short by
-its time limit has scored a similar share of every task. Under torch.distributed each rank scores every
-world_size-th example and the per-task counts are summed once at the end.
+Shapes are static, as Neuron wants them, and few (each length is one more compiled graph): every row is
+BOS plus the prompt, and waits for the shortest of a few fixed lengths (buckets: seq_len, seq_len/2, ...
+down to a floor) that holds it, else is left-truncated to seq_len (BOS kept); it is right-padded with BOS to
+its batch's length. Batches hold exactly batch_size rows, one forward each; a batch run part-filled is
+topped up with the oldest rows waiting for shorter lengths, then with dummy rows. The model is causal, so
+right padding leaves every scored position's logits as they are: the scores equal those of padding every
+row to seq_len (buckets=1), at a fraction of the compute.
+
+Examples are taken round-robin across tasks (each task's examples in a fixed shuffled order), so a run cut
+short by its time limit has scored a similar share of every task. A bucket runs when full, but a row waiting
+in a slowly filling bucket would let other tasks run ahead; so before a full batch runs, every bucket whose
+oldest row is LAG_ROUNDS or more rounds older than the newest row read runs first, part-filled. Whenever
+the time limit stops the evaluation, if the newest example scored is from round j, every example of rounds
+up to j - LAG_ROUNDS has been scored: the tasks' counts differ by at most LAG_ROUNDS. Under
+torch.distributed each rank scores every world_size-th example and the per-task counts are summed once at
+the end.
 """
 
 from __future__ import annotations
 
 import csv
+import heapq
 import json
 import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -42,13 +55,16 @@ import yaml
 
 from model.dataio import DataError
 
-__all__ = ["KINDS", "CoreResult", "Task", "evaluate_core", "fewshot_indices", "fit_row", "load_bundle",
-           "task_rows"]
+__all__ = ["KINDS", "CoreResult", "Task", "bucket_lengths", "evaluate_core", "fewshot_indices", "fit_row",
+           "load_bundle", "task_rows"]
 
 KINDS = ("multiple_choice", "schema", "language_modeling")
 SELECT_SEED = 1337  # the fixed order in which a task's examples are taken (max_examples takes a prefix)
 FEWSHOT_SEED = 1234  # example i draws its few-shot examples with Random(FEWSHOT_SEED + i)
 EXAMPLE_SEPARATOR = "\n\n"
+DEFAULT_BUCKETS = 4  # row lengths seq_len, /2, /4, /8: most rows of a 2048-token context fit in a short one
+MIN_BUCKET = 64  # no bucket shorter: below it a forward saves little, and every length is one more graph
+LAG_ROUNDS = 4  # how many rounds a slowly filling bucket may fall behind before it runs part-filled
 
 
 class TextEncoder(Protocol):
@@ -77,6 +93,9 @@ class CoreResult:
     examples: int  # scored examples, all tasks and ranks
     seconds: float
     complete: bool  # False when the time limit stopped the evaluation early
+    scored: dict[str, int] = field(default_factory=dict)  # label -> examples scored, all ranks
+    shapes: list[tuple[int, int]] = field(default_factory=list)  # (rows, length) of the batches run, this rank
+    padding: float = 0.0  # share of the token positions fed that were padding, dummy rows included, this rank
 
     def record(self) -> dict[str, Any]:
         """The trainer's record fields."""
@@ -253,6 +272,14 @@ def task_rows(task: Task, idx: int, tok: TextEncoder) -> list[tuple[list[int], i
     return [(s, max(1, min(start, len(s) - 1)), len(s)) for s in seqs]
 
 
+def bucket_lengths(seq_len: int, buckets: int, min_length: int = MIN_BUCKET) -> list[int]:
+    """The row lengths, ascending: seq_len halved up to buckets - 1 times, none below min_length (or seq_len)."""
+    if buckets < 1 or min_length < 1:
+        raise ValueError(f"buckets and min_length must be at least 1, got {buckets} and {min_length}")
+    floor = min(min_length, seq_len)
+    return sorted({max(floor, seq_len >> k) for k in range(min(buckets, seq_len.bit_length()))})
+
+
 def fit_row(tokens: Sequence[int], start: int, end: int, seq_len: int, bos_id: int) -> tuple[list[int], int, int]:
     """Left-truncate to seq_len keeping BOS first, then right-pad with BOS; start/end follow the shift.
 
@@ -268,16 +295,16 @@ def fit_row(tokens: Sequence[int], start: int, end: int, seq_len: int, bos_id: i
 # --- scoring -----------------------------------------------------------------------------------------------
 
 
-def _order(tasks: Sequence[Task], max_examples: int) -> list[tuple[int, int]]:
-    """(task, example) pairs: each task's examples in a fixed shuffle (the first max_examples if > 0),
-    interleaved round-robin across tasks."""
+def _order(tasks: Sequence[Task], max_examples: int) -> list[tuple[int, int, int]]:
+    """(round, task, example) triples: each task's examples in a fixed shuffle (the first max_examples if
+    > 0), interleaved round-robin across tasks; round j holds every task's j-th example."""
     per_task = []
     for t in tasks:
         idx = list(range(len(t.examples)))
         random.Random(SELECT_SEED).shuffle(idx)
         per_task.append(idx[:max_examples] if max_examples > 0 else idx)
     longest = max((len(p) for p in per_task), default=0)
-    return [(ti, p[j]) for j in range(longest) for ti, p in enumerate(per_task) if j < len(p)]
+    return [(j, ti, p[j]) for j in range(longest) for ti, p in enumerate(per_task) if j < len(p)]
 
 
 @torch.no_grad()
@@ -305,14 +332,52 @@ class _Pending:
         self.scores: list[tuple[float, float]] = [(math.nan, 0.0)] * n_rows
 
 
-def _rows(tasks: Sequence[Task], order: Sequence[tuple[int, int]], tok: TextEncoder, seq_len: int
-          ) -> Iterator[tuple[_Pending, int, list[int], int, int]]:
+class _Row(NamedTuple):
+    pending: _Pending
+    option: int  # which of the example's rows
+    tokens: list[int]  # BOS first, neither truncated nor padded
+    start: int
+    end: int
+    round: int
+
+
+def _rows(tasks: Sequence[Task], order: Sequence[tuple[int, int, int]], tok: TextEncoder) -> Iterator[_Row]:
     """Lazily, so that tokenising counts against the time limit too."""
-    for ti, idx in order:
+    for j, ti, idx in order:
         rows = task_rows(tasks[ti], idx, tok)
         pending = _Pending(ti, idx, len(rows))
         for r, (tokens, start, end) in enumerate(rows):
-            yield (pending, r, *fit_row(tokens, start, end, seq_len, tok.bos_id))
+            yield _Row(pending, r, tokens, start, end, j)
+
+
+def _batches(rows: Iterator[_Row], lengths: Sequence[int], batch_size: int) -> Iterator[tuple[int, list[_Row]]]:
+    """(length, rows) in the order to run them. Each row waits in the shortest bucket that holds it. When a
+    bucket fills, every bucket whose oldest row is LAG_ROUNDS rounds older than the newest row runs first,
+    longest first, then the full one; at the end what is left runs, longest first. A part-filled batch is
+    topped up with the oldest rows waiting in shorter buckets: a dummy row would cost as much."""
+    waiting: dict[int, list[tuple[int, _Row]]] = {n: [] for n in lengths}  # (arrival, row), oldest first
+
+    def take(n: int) -> list[_Row]:
+        own, waiting[n] = waiting[n], []
+        extra = list(islice(heapq.merge(*(waiting[m] for m in lengths if m < n)), batch_size - len(own)))
+        taken = {seq for seq, _ in extra}
+        for m in lengths:
+            if m < n:
+                waiting[m] = [w for w in waiting[m] if w[0] not in taken]
+        return [row for _, row in own + extra]
+
+    for seq, row in enumerate(rows):
+        length = next((n for n in lengths if len(row.tokens) <= n), lengths[-1])
+        waiting[length].append((seq, row))
+        if len(waiting[length]) < batch_size:
+            continue
+        for n in [*(m for m in reversed(lengths) if m != length), length]:
+            w = waiting[n]
+            if w and (len(w) >= batch_size or w[0][1].round <= row.round - LAG_ROUNDS):
+                yield n, take(n)
+    for n in reversed(lengths):
+        while waiting[n]:
+            yield n, take(n)
 
 
 def _is_correct(task: Task, pending: _Pending) -> bool:
@@ -329,6 +394,8 @@ def evaluate_core(
     *,
     seq_len: int,
     batch_size: int,
+    buckets: int = DEFAULT_BUCKETS,
+    min_bucket: int = MIN_BUCKET,
     device: torch.device | str = "cpu",
     autocast=None,
     max_seconds: float = 3600.0,
@@ -337,64 +404,80 @@ def evaluate_core(
     world_size: int = 1,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CoreResult:
-    """Score `model` (ids (B, T) -> logits (B, T, V)) on `tasks`; see the module doc.
+    """Score `model` (ids (B, T) -> logits (B, T, V), causal) on `tasks`; see the module doc.
 
-    Stops before a batch that would end past max_seconds (judged by the last batch's time) and then
-    reports what it scored with complete=False. max_examples > 0 limits each task to that many examples.
-    autocast: a context manager for the forward (None: none); clock: seconds, replaceable in tests.
+    Rows are padded to bucket_lengths(seq_len, buckets, min_bucket); buckets=1 pads every row to seq_len.
+    Stops before a batch that would end past max_seconds (judged by the time of the last batch of the same
+    length, or of any length before the first) and then reports what it scored with complete=False.
+    max_examples > 0 limits each task to that many examples. autocast: a context manager for the forward
+    (None: none); clock: seconds, replaceable in tests.
     """
     t0 = clock()
+    lengths = bucket_lengths(seq_len, buckets, min_bucket)
     was_training = model.training
     model.eval()
     try:
-        counts = _score_all(model, tokenizer, tasks, _order(tasks, max_examples)[rank::world_size], seq_len,
-                            batch_size, torch.device(device), autocast, max_seconds, clock, t0)
+        counts, fed = _score_all(model, tokenizer, tasks, _order(tasks, max_examples)[rank::world_size], lengths,
+                                 batch_size, torch.device(device), autocast, max_seconds, clock, t0)
     finally:
         model.train(was_training)
     if dist.is_available() and dist.is_initialized() and world_size > 1:
         reduced = counts.to(device)
         dist.all_reduce(reduced)
         counts = reduced.cpu()
-    return _result(tasks, counts, clock() - t0)
+    return _result(tasks, counts, fed, batch_size, clock() - t0)
 
 
 def _score_all(model: torch.nn.Module, tokenizer: TextEncoder, tasks: Sequence[Task],
-               order: Sequence[tuple[int, int]], seq_len: int, batch_size: int, device: torch.device, autocast,
-               max_seconds: float, clock: Callable[[], float], t0: float) -> torch.Tensor:
-    """(tasks + 1, 2) float32: per task (correct, scored); the last row's first entry is 1 if time ran out."""
+               order: Sequence[tuple[int, int, int]], lengths: Sequence[int], batch_size: int, device: torch.device,
+               autocast, max_seconds: float, clock: Callable[[], float], t0: float
+               ) -> tuple[torch.Tensor, dict[int, list[int]]]:
+    """Counts, (tasks + 1, 2) float32: per task (correct, scored), and a last row whose first entry is 1 if
+    time ran out; and per bucket length [batches run, real tokens fed]."""
     autocast = autocast if autocast is not None else torch.autocast("cpu", enabled=False)
     counts = torch.zeros(len(tasks) + 1, 2, dtype=torch.float32)
-    rows = _rows(tasks, order, tokenizer, seq_len)
-    last_batch_s = 0.0
-    while True:
+    fed: dict[int, list[int]] = {}
+    last_s: dict[int, float] = {}  # per length, the last batch's seconds
+    last_any = 0.0
+    for length, batch in _batches(_rows(tasks, order, tokenizer), lengths, batch_size):
         t_batch = clock()
-        batch = [r for _, r in zip(range(batch_size), rows, strict=False)]
-        if not batch:
-            return counts
-        if clock() - t0 + last_batch_s > max_seconds:
+        if t_batch - t0 + last_s.get(length, last_any) > max_seconds:
             counts[-1, 0] = 1.0
-            return counts
-        x = torch.full((batch_size, seq_len), tokenizer.bos_id, dtype=torch.long)
-        mask = torch.zeros(batch_size, seq_len, dtype=torch.bool)
-        for b, (_, _, ids, start, end) in enumerate(batch):
+            break
+        x = torch.full((batch_size, length), tokenizer.bos_id, dtype=torch.long)
+        mask = torch.zeros(batch_size, length, dtype=torch.bool)
+        real = 0
+        for b, row in enumerate(batch):
+            ids, start, end = fit_row(row.tokens, row.start, row.end, length, tokenizer.bos_id)
             x[b] = torch.tensor(ids, dtype=torch.long)
             mask[b, start:end] = True
+            real += min(len(row.tokens), length)
         scores = _score_batch(model, x.to(device), mask.to(device), autocast)
-        for b, (pending, r, *_rest) in enumerate(batch):
-            pending.scores[r] = (float(scores[0, b]), float(scores[1, b]))
+        for b, row in enumerate(batch):
+            pending = row.pending
+            pending.scores[row.option] = (float(scores[0, b]), float(scores[1, b]))
             pending.left -= 1
             if pending.left == 0:
                 counts[pending.task, 0] += _is_correct(tasks[pending.task], pending)
                 counts[pending.task, 1] += 1
-        last_batch_s = clock() - t_batch
+        tally = fed.setdefault(length, [0, 0])
+        tally[0] += 1
+        tally[1] += real
+        last_any = last_s[length] = clock() - t_batch
+    return counts, fed
 
 
-def _result(tasks: Sequence[Task], counts: torch.Tensor, seconds: float) -> CoreResult:
+def _result(tasks: Sequence[Task], counts: torch.Tensor, fed: dict[int, list[int]], batch_size: int,
+            seconds: float) -> CoreResult:
     accuracy, centered = {}, {}
     for t, (correct, scored) in zip(tasks, counts[:-1].tolist(), strict=True):
         if scored:
             accuracy[t.label] = correct / scored
             centered[t.label] = (accuracy[t.label] - t.baseline) / (1.0 - t.baseline)
     core = sum(centered.values()) / len(centered) if centered else None
+    positions = sum(n * batch_size * length for length, (n, _) in fed.items())
+    padding = 1.0 - sum(real for _, real in fed.values()) / positions if positions else 0.0
     return CoreResult(core=core, tasks=centered, accuracy=accuracy, examples=int(counts[:-1, 1].sum()),
-                      seconds=seconds, complete=not counts[-1, 0] and len(centered) == len(tasks))
+                      seconds=seconds, complete=not counts[-1, 0] and len(centered) == len(tasks),
+                      scored={t.label: int(n) for t, n in zip(tasks, counts[:-1, 1].tolist(), strict=True)},
+                      shapes=[(batch_size, length) for length in sorted(fed)], padding=padding)

@@ -1,14 +1,16 @@
 """Score CORE on a checkpoint, as the competition's inference.py does: `load_for_eval` plus the evaluation.
 
     python -m model.inference --checkpoint out/final.pt --bundle DIR_OR_demo [--max-seconds N]
-        [--max-examples N] [--device auto|cpu|cuda|neuron] [--batch-size N] [--tokenizer PATH]
+        [--max-examples N] [--device auto|cpu|cuda|neuron] [--batch-size N] [--buckets N] [--tokenizer PATH]
         [--cache-dir DIR] [--num-threads N] [--json]
     torchrun --nproc_per_node=K -m model.inference ...   (examples split over ranks, counts summed)
 
 The tokenizer is the one the trainer saved next to the checkpoint (tokenizer.json) unless --tokenizer names
-another file or folder. Rows are padded to the model's seq_len; with the trainer's batch_size (the
-default here matches the trainer's default) the figures are the ones the trainer recorded.
-Prints the result (with --json one JSON object: core, core_tasks, core_seconds, core_complete, examples).
+another file or folder. Rows are padded to the shortest of --buckets lengths up to the model's seq_len that
+holds them (1: all to seq_len; the scores do not depend on it); with the trainer's batch_size (the default
+here matches the trainer's default) the figures are the ones the trainer recorded.
+Prints the result (with --json one JSON object: core, core_tasks, core_seconds, core_complete, examples,
+accuracy, core_shapes: the [rows, length] batch shapes run, core_padding: the share of padded positions).
 Exit codes: 0 scored (complete or not), 2 bad input (missing or unreadable checkpoint, broken bundle) with
 one line naming the cause, 1 anything else.
 """
@@ -65,8 +67,9 @@ def score(args: argparse.Namespace) -> tuple[CoreResult, bool]:
         tasks = load_bundle(resolve_bundle(args.bundle, args.cache_dir))
         seq_len = model.config.seq_len
         result = evaluate_core(model, tokenizer, tasks, seq_len=seq_len, batch_size=args.batch_size,
-                               device=rt.device, autocast=rt.autocast(), max_seconds=args.max_seconds,
-                               max_examples=args.max_examples, rank=rt.rank, world_size=rt.world_size)
+                               buckets=args.buckets, device=rt.device, autocast=rt.autocast(),
+                               max_seconds=args.max_seconds, max_examples=args.max_examples, rank=rt.rank,
+                               world_size=rt.world_size)
         return result, rt.is_master
     finally:
         devices.teardown()
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=_positive(int, 0), default=0, help="per task; 0: all")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "neuron"), default="auto")
     parser.add_argument("--batch-size", type=_positive(int, 1), default=RunConfig.batch_size)
+    parser.add_argument("--buckets", type=_positive(int, 1), default=RunConfig.core_buckets,
+                        help="row lengths seq_len, /2, /4, ... (>= 64); 1: every row padded to seq_len")
     parser.add_argument("--tokenizer", default=None, help="default: tokenizer.json beside the checkpoint")
     parser.add_argument("--cache-dir", default=RunConfig.cache_dir, help='where "demo" is built')
     parser.add_argument("--num-threads", type=_positive(int, 0), default=0, help="torch CPU threads; 0: default")
@@ -106,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     if not is_master:
         return 0
     out = {"core": result.core, "core_tasks": result.tasks, "core_seconds": result.seconds,
-           "core_complete": result.complete, "examples": result.examples, "accuracy": result.accuracy}
+           "core_complete": result.complete, "examples": result.examples, "accuracy": result.accuracy,
+           "core_shapes": result.shapes, "core_padding": result.padding}
     if args.json:
         print(json.dumps(out), flush=True)
     else:

@@ -339,8 +339,9 @@ def _run_core(model: GPT, tokenizer: Any, tasks: list, cfg: TrainConfig, rt: dev
         if run.fault == "core_crash":
             raise RuntimeError("injected fault in CORE")
         core = evaluate_core(model, tokenizer, tasks, seq_len=cfg.model.seq_len, batch_size=run.batch_size,
-                             device=rt.device, autocast=rt.autocast(), max_seconds=run.core_max_seconds,
-                             max_examples=run.core_max_examples, rank=rt.rank, world_size=rt.world_size)
+                             buckets=run.core_buckets, device=rt.device, autocast=rt.autocast(),
+                             max_seconds=run.core_max_seconds, max_examples=run.core_max_examples, rank=rt.rank,
+                             world_size=rt.world_size)
     except (RuntimeError, MemoryError) as e:  # torch's OutOfMemoryError is a RuntimeError
         events.log(f"CORE failed: {e!r}")
         return {**NO_CORE, "core_error": f"{type(e).__name__}: {_first_line(e)}"}

@@ -295,7 +295,7 @@ NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", 
                     "budget_s", "startup_allowance_s", "excluded_steps", "max_steps", "max_loss", "log_every",
                     "save_checkpoint", "num_threads", "fault", "fault_step",
                     # CORE runs after training on the final weights; the global batch only sets grad_accum.
-                    "core_bundle", "core_max_seconds", "core_max_examples", "total_batch_tokens")
+                    "core_bundle", "core_max_seconds", "core_max_examples", "core_buckets", "total_batch_tokens")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)
 
 

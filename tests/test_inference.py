@@ -103,3 +103,14 @@ def test_bad_input_exits_2_with_one_line(trained, tmp_path, capsys):
                     "core.yaml task 4: lm: icl_task_type must be one of")
     (bad / "core.yaml").write_text("icl_tasks: [")
     _one_line_error(capsys, ["--checkpoint", str(out / "final.pt"), "--bundle", str(bad)], "not valid YAML")
+
+
+def test_buckets_flag_reports_its_shapes_and_refuses_zero(trained, data_cache, capsys):
+    record, out = trained
+    assert main([*_demo_args(out, data_cache), "--buckets", "1"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["core"] == record["core"] and scored["core_tasks"] == record["core_tasks"]
+    assert scored["core_shapes"] == [[8, 64]] and 0 <= scored["core_padding"] < 1  # the model's seq_len is 64
+    with pytest.raises(SystemExit) as exit_:
+        main([*_demo_args(out, data_cache), "--buckets", "0"])
+    assert exit_.value.code == 2 and "--buckets: must be at least 1" in capsys.readouterr().err
