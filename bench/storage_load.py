@@ -60,22 +60,14 @@ STUDY = "load"
 STEPS = 10  # intermediate values of a pre-filled trial, at steps 1..STEPS (seconds)
 HEARTBEAT_S = 10.0  # the sweep's default trial.heartbeat_s
 
-# The searched parameters of the pre-filled and the new trials, as Optuna distribution JSON.
-PARAMS: list[tuple[str, str, float, float, bool, str]] = [
-    # name, kind, low, high, log, distribution_json
-    ("depth", "int", 2, 12, False,
-     '{"name": "IntDistribution", "attributes": {"log": false, "step": 1, "low": 2, "high": 12}}'),
-    ("model_dim", "int", 128, 768, False,
-     '{"name": "IntDistribution", "attributes": {"log": false, "step": 64, "low": 128, "high": 768}}'),
-    ("matrix_lr", "float", 0.005, 0.1, True,
-     '{"name": "FloatDistribution", "attributes": {"step": null, "low": 0.005, "high": 0.1, "log": true}}'),
-    ("embedding_lr", "float", 0.05, 1.0, True,
-     '{"name": "FloatDistribution", "attributes": {"step": null, "low": 0.05, "high": 1.0, "log": true}}'),
-    ("warmdown_ratio", "float", 0.2, 0.8, False,
-     '{"name": "FloatDistribution", "attributes": {"step": null, "low": 0.2, "high": 0.8, "log": false}}'),
-    ("weight_decay", "float", 0.0, 0.2, False,
-     '{"name": "FloatDistribution", "attributes": {"step": null, "low": 0.0, "high": 0.2, "log": false}}'),
-]
+def _params() -> dict[str, Any]:
+    """The searched parameters of the pre-filled and the new trials (optuna imported where it is used)."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    return {"depth": IntDistribution(2, 12), "model_dim": IntDistribution(128, 768, step=64),
+            "matrix_lr": FloatDistribution(0.005, 0.1, log=True),
+            "embedding_lr": FloatDistribution(0.05, 1.0, log=True),
+            "warmdown_ratio": FloatDistribution(0.2, 0.8), "weight_decay": FloatDistribution(0.0, 0.2)}
 
 # The scalar part of a result record as the supervisor stores it (one user attribute per field).
 RECORD = {
@@ -142,6 +134,7 @@ def prefill(dbname: str, url: str, n: int, steps: int = STEPS, full_record: bool
     Returns the study id.
     """
     import optuna
+    from optuna.distributions import IntDistribution, distribution_to_json
 
     from sweep import storage as st
 
@@ -153,8 +146,9 @@ def prefill(dbname: str, url: str, n: int, steps: int = STEPS, full_record: bool
     fields = dict(RECORD, config=CONFIG) if full_record else {k: RECORD[k] for k in COMPACT}
     record = [(k, json.dumps(v)) for k, v in fields.items()]
     record += [("record_fields", json.dumps(sorted([*fields, "val_bpb"])))]
-    param_values = ",".join(f"('{name}', '{dist}', {lo}, {hi}, {str(log).lower()}, '{kind}')"
-                            for name, kind, lo, hi, log, dist in PARAMS)
+    param_values = ",".join(
+        f"('{name}', '{distribution_to_json(d)}', {d.low}, {d.high}, {str(d.log).lower()}, {d.step or 0}, "
+        f"'{'int' if isinstance(d, IntDistribution) else 'float'}')" for name, d in _params().items())
     with _connect(dbname) as conn, conn.cursor() as cur:
         cur.execute("""
             INSERT INTO trials (number, study_id, state, datetime_start, datetime_complete)
@@ -162,13 +156,12 @@ def prefill(dbname: str, url: str, n: int, steps: int = STEPS, full_record: bool
                    now() - make_interval(secs => (%(n)s - g) * 60 + 1800),
                    now() - make_interval(secs => (%(n)s - g) * 60)
             FROM generate_series(1, %(n)s) AS g ORDER BY g""", {"sid": study_id, "n": n})
-        cur.execute("CREATE TEMP TABLE p (name text, dist text, lo float8, hi float8, lg bool, kind text)")
+        cur.execute("CREATE TEMP TABLE p (name text, dist text, lo float8, hi float8, lg bool, step float8, kind text)")
         cur.execute(f"INSERT INTO p VALUES {param_values}")
         cur.execute("""
             INSERT INTO trial_params (trial_id, param_name, param_value, distribution_json)
             SELECT t.trial_id, p.name,
-                   CASE WHEN p.kind = 'int' AND p.name = 'model_dim' THEN p.lo + 64 * floor(random() * 11)
-                        WHEN p.kind = 'int' THEN floor(p.lo + random() * (p.hi - p.lo + 1))
+                   CASE WHEN p.kind = 'int' THEN p.lo + p.step * floor(random() * ((p.hi - p.lo) / p.step + 1))
                         WHEN p.lg THEN exp(ln(p.lo) + random() * (ln(p.hi) - ln(p.lo)))
                         ELSE p.lo + random() * (p.hi - p.lo) END,
                    p.dist
@@ -221,7 +214,7 @@ def verify_prefill(url: str, n: int, steps: int = STEPS) -> float:
     assert len(trials) == n and states <= {"COMPLETE", "PRUNED"}, (len(trials), states)
     assert [t.number for t in trials] == list(range(n))
     for t in (complete[0], complete[-1], trials[len(trials) // 2]):
-        assert set(t.params) == {p[0] for p in PARAMS}
+        assert set(t.params) == set(_params())
         for name, value in t.params.items():
             assert t.distributions[name]._contains(t.distributions[name].to_internal_repr(value)), (name, value)
         assert t.user_attrs["status"] == "ok" and t.user_attrs["record_fields"]
@@ -261,11 +254,13 @@ def _pruner(name: str) -> Any:
 
 
 def _suggest(trial: Any) -> None:
-    for name, kind, lo, hi, log, _ in PARAMS:
-        if kind == "int":
-            trial.suggest_int(name, int(lo), int(hi), step=64 if name == "model_dim" else 1)
+    from optuna.distributions import IntDistribution
+
+    for name, d in _params().items():
+        if isinstance(d, IntDistribution):
+            trial.suggest_int(name, d.low, d.high, step=d.step)
         else:
-            trial.suggest_float(name, lo, hi, log=log)
+            trial.suggest_float(name, d.low, d.high, log=d.log)
 
 
 def _worker(idx: int, storage: Any, urls: Any, warm: tuple[int, dict[int, Any], int] | None,
