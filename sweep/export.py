@@ -31,13 +31,11 @@ import datetime
 import hashlib
 import json
 import pprint
-import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import bundle, neuron
 from sweep import objective as obj
-from sweep import storage as st
 from sweep.artifacts import code_version
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit
@@ -83,20 +81,20 @@ def add_parser(sub: Any) -> None:
 
 
 def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
-    from sweep.cli import _load_study  # a missing study is cli's UsageError: exit 2
+    from sweep.cli import _fail, _load_study  # a missing study is cli's UsageError: exit 2
 
     try:
         study = _load_study(spec, url)
         trial = pick_trial(study, args.trial, spec.objective)
         result = export(spec, study.study_name, trial, args.out, args.budget_s)
     except ExportError as e:
-        _say(f"sweep: {e}", url)
+        _fail(str(e), url)
         return 2
     except bundle.BundleError as e:
-        _say(f"sweep: {e}", url)
+        _fail(str(e), url)
         return 1
     for w in result["warnings"]:
-        _say(f"sweep: warning: {w}", url)
+        _fail(f"warning: {w}", url)
     p = result["provenance"]
     shown = {"val_bpb": p["val_bpb"], **p["values"]}
     values = ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} ?" for k, v in shown.items())
@@ -104,10 +102,6 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
           f"train.py {p['train_py_bytes']:,} bytes ({p['bundle']['encoding']}), launch: {p['launch']}", file=out,
           flush=True)
     return 0
-
-
-def _say(line: str, url: str | None) -> None:
-    print(" ".join(st.scrub(line, url).split()), file=sys.stderr, flush=True)
 
 
 # -- choosing the trial ----------------------------------------------------------------------------

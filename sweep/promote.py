@@ -317,7 +317,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> int:
-    from sweep.cli import _load_study  # a missing study is cli's UsageError: exit 2
+    from sweep.cli import _fail, _load_study  # a missing study is cli's UsageError: exit 2
 
     under = load(args.spec) if args.spec is not None else None  # a bad spec is cli's SpecError: exit 2
     budget_s = args.budget_s or (under.budget_s if under is not None else COMPETITION_BUDGET_S)
@@ -326,7 +326,7 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
         source = _load_study(spec, url)
         linked, study = prepare(spec, source, args.top, budget_s, args.seeds, url, metric=metric, under=under)
     except PromoteError as e:
-        print(f"sweep: {' '.join(st.scrub(str(e), url).split())}", file=sys.stderr, flush=True)
+        _fail(str(e), url)
         return 2
     code = 0
     from sweep.driver import Driver, counts

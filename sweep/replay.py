@@ -29,13 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from sweep import storage as st
 from sweep.spec import Component, StudySpec, _pruner, _Reader, _sampler, build_pruner, build_sampler
 
 
@@ -254,6 +252,8 @@ def add_parser(sub: Any) -> None:
 
 
 def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> int:
+    from sweep.cli import _fail, _load_study  # a missing study is cli's UsageError: exit 2
+
     try:
         sampler, pruner = components(spec, args.sampler, args.sampler_opt, args.pruner, args.pruner_opt, args.seed)
         if args.n_trials is not None and args.n_trials < 1:
@@ -268,14 +268,14 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
             raise ReplayError(f"--pruner learning_curve: it models minimised val_bpb curves and study {spec.name!r} "
                               f"is maximised ({spec.objective.describe()}); pick median, percentile, hyperband, "
                               "successive_halving or none")
-        trials = _load_trials(spec, url)
+        trials = _load_study(spec, url).get_trials(deepcopy=False)
         recorded = recorded_trials(trials, spec.budget_s)
         if not recorded:
             raise ReplayError(f"study {spec.name!r} has no complete trial with a recorded learning curve "
                               f"(of {len(trials)} trials); run it with trial.eval_fractions and no pruning")
         result = replay(recorded, sampler, pruner, spec.budget_s, args.n_trials, args.startup_s, spec.direction)
     except ReplayError as e:
-        print(f"sweep: {' '.join(st.scrub(str(e), url).split())}", file=sys.stderr, flush=True)
+        _fail(str(e), url)
         return 2
     body = {"study": spec.name, "metric": spec.objective.names[0], "sampler": {"name": sampler.name, **sampler.options},
             "pruner": {"name": pruner.name, **pruner.options}, "recorded": len(recorded), **result.as_dict()}
@@ -325,18 +325,6 @@ def _opts(items: Sequence[str], flag: str) -> dict[str, Any]:
         except ValueError:
             out[key.strip()] = text
     return out
-
-
-def _load_trials(spec: StudySpec, url: str) -> list[Any]:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = st.open_storage(url)
-    try:
-        study = st.retry(lambda: optuna.load_study(study_name=spec.name, storage=storage), url=url)
-    except KeyError:
-        raise ReplayError(f"no study {spec.name!r} in {st.redact(url)}") from None
-    return study.get_trials(deepcopy=False)
 
 
 def _print(body: Mapping[str, Any], out: TextIO) -> None:
