@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -22,12 +21,16 @@ from sweep import storage as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
 from sweep.spec import SpecError, StudySpec, load
-
-STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
-
-
-class UsageError(Exception):
-    """Bad input found after parsing (unknown study, bad --params); exit 2."""
+from sweep.study import (
+    UsageError,
+    best_dict,
+    fail,
+    front_dict,
+    load_study,
+    parse_seconds,
+    status_dict,
+    trial_result,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--study", required=True)
     t.add_argument("--params", required=True, metavar="JSON_OR_@FILE",
                    help="JSON object of searched parameters, or @FILE holding one; missing ones are sampled")
-    t.add_argument("--budget-s", type=_seconds, default=None, metavar="N",
+    t.add_argument("--budget-s", type=parse_seconds, default=None, metavar="N",
                    help="charged training seconds (default: the spec's budget); such a trial is never pruned")
     mode = t.add_mutually_exclusive_group()
     mode.add_argument("--now", action="store_true",
@@ -68,16 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_parser(sub)
     export.add_parser(sub)
     return p
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return v
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
@@ -105,25 +98,25 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return promote.main(spec, url, args, out)
         if args.command == "export":
             return export.main(spec, url, args, out)
-        study = _load_study(spec, url)
+        study = load_study(spec, url)
         if args.command == "status":
             return _status(study, spec, args.json, out)
         if spec.objective.multi:
             return _front(study, spec, args.json, out)
         return _best(study, spec, args.json, out)
     except (SpecError, UsageError, st.StorageError) as e:
-        _fail(str(e), url)
+        fail(str(e), url)
         return 2
     except Exception as e:
         from sweep.driver import SweepAborted
 
         if isinstance(e, SweepAborted):
-            _fail(str(e), url)
+            fail(str(e), url)
             return 2
         if isinstance(e, SpaceError):
-            _fail(f"--params: {e}", url)
+            fail(f"--params: {e}", url)
             return 2
-        _fail(f"{type(e).__name__}: {e}", url)
+        fail(f"{type(e).__name__}: {e}", url)
         return 1
 
 
@@ -289,21 +282,6 @@ def wait_for_trial(driver: Any, number: int, trial_id: int, poll_s: float = WAIT
         time.sleep(poll_s)
 
 
-def trial_result(t: Any, objective: obj.Objective | None = None) -> dict[str, Any]:
-    """What ``sweep trial`` prints last: the trial's number, state, val_bpb, params and result record (and,
-    where the objective is not val_bpb alone, ``values``: what Optuna was told)."""
-    record = record_of(t)
-    if objective is None or objective.kind == "single":
-        d = {"number": t.number, "state": t.state.name, "val_bpb": _value(t.value), "params": t.params,
-             "record": record}
-    else:
-        d = {"number": t.number, "state": t.state.name, "val_bpb": _value(record.get("val_bpb")),
-             "values": _values(t), "params": t.params, "record": record}
-    if t.user_attrs.get("fail_reason"):
-        d["fail_reason"] = t.user_attrs["fail_reason"]
-    return d
-
-
 # -- sweep dashboard ----------------------------------------------------------------------------------
 
 def _dashboard(spec: StudySpec | None, url: str, host: str, port: int, out: TextIO) -> int:
@@ -314,75 +292,6 @@ def _dashboard(spec: StudySpec | None, url: str, host: str, port: int, out: Text
         return dashboard.serve(url, where, host, port, study=spec.name if spec else None, out=out)
     except dashboard.ListenError as e:
         raise UsageError(f"--host {host} --port {port}: cannot listen: {e}") from None
-
-
-def _fail(message: str, url: str | None) -> None:
-    line = " ".join(st.scrub(message, url).split())
-    print(f"sweep: {line}", file=sys.stderr, flush=True)
-
-
-def _load_study(spec: StudySpec, url: str) -> Any:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = st.open_storage(url)
-    try:
-        return st.retry(lambda: optuna.load_study(study_name=spec.name, storage=storage), url=url)
-    except KeyError:
-        raise UsageError(f"no study {spec.name!r} in {st.redact(url)}") from None
-
-
-def _value(v: Any) -> Any:
-    return v if v is None or math.isfinite(v) else None
-
-
-def _values(t: Any) -> list[Any] | None:
-    return None if t.values is None else [_value(v) for v in t.values]
-
-
-def status_dict(study: Any) -> dict[str, Any]:
-    """DESIGN.md's status shape; a multi-objective study adds ``metrics``, ``directions`` and each trial's
-    ``values`` (its ``value`` is null: there is no single one)."""
-    trials = study.get_trials(deepcopy=False)
-    counts = dict.fromkeys(STATES, 0)
-    for t in trials:
-        counts[t.state.name] = counts.get(t.state.name, 0) + 1
-    if len(study.directions) == 1:
-        return {"study": study.study_name, "counts": counts,
-                "trials": [{"number": t.number, "state": t.state.name, "value": _value(t.value), "params": t.params}
-                           for t in trials]}
-    return {"study": study.study_name, "counts": counts, "metrics": study.metric_names,
-            "directions": [d.name.lower() for d in study.directions],
-            "trials": [{"number": t.number, "state": t.state.name, "value": None, "values": _values(t),
-                        "params": t.params} for t in trials]}
-
-
-def record_of(t: Any) -> dict[str, Any]:
-    """The trainer's result record, rebuilt from the trial's user attributes."""
-    fields = t.user_attrs.get("record_fields") or []
-    return {k: t.user_attrs[k] for k in fields if k in t.user_attrs}
-
-
-def best_dict(study: Any, direction: str, objective: obj.Objective | None = None) -> dict[str, Any] | None:
-    """DESIGN.md's best shape; for a composite objective ``val_bpb`` is the record's and ``value`` the score."""
-    from sweep.driver import _best
-
-    t = _best(study.get_trials(deepcopy=False), direction)
-    if t is None:
-        return None
-    if objective is None or objective.kind == "single":
-        return {"number": t.number, "params": t.params, "val_bpb": t.value, "record": record_of(t)}
-    record = record_of(t)
-    return {"number": t.number, "params": t.params, "val_bpb": record.get("val_bpb"), "value": t.value,
-            "record": record}
-
-
-def front_dict(study: Any, objective: obj.Objective) -> dict[str, Any]:
-    """A pareto study's front: each member's number, params, values (in ``metrics`` order) and record."""
-    members = obj.front(study.get_trials(deepcopy=False), objective.directions)
-    return {"study": study.study_name, "metrics": list(objective.metrics), "directions": list(objective.directions),
-            "front": [{"number": t.number, "params": t.params, "values": list(t.values), "record": record_of(t)}
-                      for t in members]}
 
 
 def _status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:

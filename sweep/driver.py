@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import signal
@@ -30,7 +29,6 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,6 +40,7 @@ from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-
 from sweep.neuron import WarmPicker
 from sweep.space import ConstraintViolation
 from sweep.spec import StudySpec, build_pruner, build_sampler
+from sweep.study import best_trial
 from sweep.worker import (
     ATTR_DRIVER,
     ATTR_HEARTBEAT,
@@ -580,7 +579,7 @@ class Driver:
         if objective.multi:
             best_s = f"pareto front {len(obj.front(trials, objective.directions))} trial(s)"
         else:
-            best = _best(trials, self.spec.direction)
+            best = best_trial(trials, self.spec.direction)
             best_s = f"best {best.value:.4f} (trial {best.number})" if best else "best -"
         self.say(f"progress: done {done}/{self.spec.n_trials}, running {len(self.inflight)}, "
                  f"pruned {states.get('PRUNED', 0)}, failed {failed}, {best_s}, elapsed {self._elapsed()}")
@@ -596,7 +595,7 @@ class Driver:
                 self.say(f"pareto front: trial {t.number} {obj.fmt_values(objective, t.values, t.user_attrs)} "
                          f"{_fmt_params(t.params)}")
             return
-        best = _best(trials, self.spec.direction)
+        best = best_trial(trials, self.spec.direction)
         if best is None:
             self.say("no trial completed")
             return
@@ -639,14 +638,6 @@ def _run_trial_task(task: TrialTask) -> dict[str, Any]:
     from sweep.worker import run_trial
 
     return run_trial(task).as_dict()
-
-
-def _best(trials: list[Any], direction: str) -> Any:
-    done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
-    if not done:
-        return None
-    pick: Callable[..., Any] = min if direction == "minimize" else max
-    return pick(done, key=lambda t: t.value)
 
 
 def _fmt_params(params: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 from sweep import bundle, neuron
 from sweep import objective as obj
 from sweep.artifacts import code_version
+from sweep.study import best_trial, fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit
 COMPETITION_VOCAB = 8192  # TOKENIZER_VOCAB_SIZE of the kit
@@ -69,32 +70,30 @@ class ExportError(ValueError):
 
 
 def add_parser(sub: Any) -> None:
-    from sweep.cli import _seconds  # cli is loaded by the time it builds its parser
 
     p = sub.add_parser("export", help="write a trial as a competition submission: train.py, launch.sh, provenance")
     p.add_argument("study", help="NAME (sweep/studies/NAME.toml), a linked study (NAME-promote-B) or a .toml path")
     p.add_argument("--trial", type=int, default=None, metavar="N", help="trial number (default: the best complete; "
                    "required for a pareto study: one of its front)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the files into")
-    p.add_argument("--budget-s", type=_seconds, default=COMPETITION_BUDGET_S, metavar="N",
+    p.add_argument("--budget-s", type=parse_seconds, default=COMPETITION_BUDGET_S, metavar="N",
                    help=f"charged training seconds baked in (default {COMPETITION_BUDGET_S:g}, the competition's)")
 
 
 def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
-    from sweep.cli import _fail, _load_study  # a missing study is cli's UsageError: exit 2
 
     try:
-        study = _load_study(spec, url)
+        study = load_study(spec, url)
         trial = pick_trial(study, args.trial, spec.objective)
         result = export(spec, study.study_name, trial, args.out, args.budget_s)
     except ExportError as e:
-        _fail(str(e), url)
+        fail(str(e), url)
         return 2
     except bundle.BundleError as e:
-        _fail(str(e), url)
+        fail(str(e), url)
         return 1
     for w in result["warnings"]:
-        _fail(f"warning: {w}", url)
+        fail(f"warning: {w}", url)
     p = result["provenance"]
     shown = {"val_bpb": p["val_bpb"], **p["values"]}
     values = ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} ?" for k, v in shown.items())
@@ -116,7 +115,6 @@ def record_config(t: Any) -> dict[str, Any] | None:
 def pick_trial(study: Any, number: int | None, objective: obj.Objective | None = None) -> Any:
     """Trial ``number``, or the best complete one (none for a multi-objective study: ``number`` is then
     required); it must have finished with a result record."""
-    from sweep.driver import _best
 
     trials = study.get_trials(deepcopy=False)
     if number is None and len(study.directions) > 1:
@@ -129,7 +127,7 @@ def pick_trial(study: Any, number: int | None, objective: obj.Objective | None =
                           f"of its Pareto front with --trial N (front: trial{'s' * (len(members) > 1)} "
                           f"{', '.join(map(str, members))})")
     if number is None:
-        best = _best(trials, study.direction.name.lower())
+        best = best_trial(trials, study.direction.name.lower())
         if best is None:
             raise ExportError(f"study {study.study_name!r} has no complete trial to export")
         t = best

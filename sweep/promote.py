@@ -47,6 +47,7 @@ from sweep import objective as obj
 from sweep import storage as st
 from sweep.space import Param, SearchSpace, SpaceError
 from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
+from sweep.study import fail, load_study, parse_seconds
 
 SEED = "seed"  # the trainer's seed parameter: what varies between replicates
 CONFIDENCE = 0.95
@@ -298,13 +299,12 @@ def _positive_int(text: str) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    from sweep.cli import _seconds  # cli is loaded by the time it builds its parser
 
     p = sub.add_parser("promote", help="rerun a study's K best configurations at a full budget with S seeds each, "
                        "as a linked study, and compare them with confidence intervals")
     p.add_argument("study", help="NAME (sweep/studies/NAME.toml) or a path to a .toml spec")
     p.add_argument("--top", type=_positive_int, default=3, metavar="K", help="configurations to promote (default 3)")
-    p.add_argument("--budget-s", type=_seconds, default=None, metavar="B",
+    p.add_argument("--budget-s", type=parse_seconds, default=None, metavar="B",
                    help="charged training seconds of each replicate (default: the --spec's budget, else 1800, "
                    "the competition's)")
     p.add_argument("--seeds", type=_positive_int, default=3, metavar="S", help="replicates per configuration "
@@ -317,23 +317,22 @@ def add_parser(sub: Any) -> None:
 
 
 def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> int:
-    from sweep.cli import _fail, _load_study  # a missing study is cli's UsageError: exit 2
 
     under = load(args.spec) if args.spec is not None else None  # a bad spec is cli's SpecError: exit 2
     budget_s = args.budget_s or (under.budget_s if under is not None else COMPETITION_BUDGET_S)
     try:
         metric = ranked_metric(spec.objective, args.by, spec.name)
-        source = _load_study(spec, url)
+        source = load_study(spec, url)
         linked, study = prepare(spec, source, args.top, budget_s, args.seeds, url, metric=metric, under=under)
     except PromoteError as e:
-        _fail(str(e), url)
+        fail(str(e), url)
         return 2
     code = 0
     from sweep.driver import Driver, counts
 
     if sum(counts(t) for t in study.get_trials(deepcopy=False)) < linked.n_trials:
         code = Driver(linked, out=sys.stderr if args.json else out).run()
-    rep = report(_load_study(linked, url), spec.objective, metric)
+    rep = report(load_study(linked, url), spec.objective, metric)
     if args.json:
         print(json.dumps(rep), file=out, flush=True)
     else:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from sweep.spec import Component, StudySpec, _pruner, _Reader, _sampler, build_pruner, build_sampler
+from sweep.study import fail, load_study
 
 
 class ReplayError(ValueError):
@@ -252,7 +253,6 @@ def add_parser(sub: Any) -> None:
 
 
 def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> int:
-    from sweep.cli import _fail, _load_study  # a missing study is cli's UsageError: exit 2
 
     try:
         sampler, pruner = components(spec, args.sampler, args.sampler_opt, args.pruner, args.pruner_opt, args.seed)
@@ -268,14 +268,14 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
             raise ReplayError(f"--pruner learning_curve: it models minimised val_bpb curves and study {spec.name!r} "
                               f"is maximised ({spec.objective.describe()}); pick median, percentile, hyperband, "
                               "successive_halving or none")
-        trials = _load_study(spec, url).get_trials(deepcopy=False)
+        trials = load_study(spec, url).get_trials(deepcopy=False)
         recorded = recorded_trials(trials, spec.budget_s)
         if not recorded:
             raise ReplayError(f"study {spec.name!r} has no complete trial with a recorded learning curve "
                               f"(of {len(trials)} trials); run it with trial.eval_fractions and no pruning")
         result = replay(recorded, sampler, pruner, spec.budget_s, args.n_trials, args.startup_s, spec.direction)
     except ReplayError as e:
-        _fail(str(e), url)
+        fail(str(e), url)
         return 2
     body = {"study": spec.name, "metric": spec.objective.names[0], "sampler": {"name": sampler.name, **sampler.options},
             "pruner": {"name": pruner.name, **pruner.options}, "recorded": len(recorded), **result.as_dict()}

@@ -31,6 +31,7 @@ from sweep import cli, expr
 from sweep import storage as st
 from sweep.space import SpaceError
 from sweep.spec import SpecError, load, parse
+from sweep.study import UsageError
 from tests.sweep_fixtures import spec_toml, tiny_spec
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
@@ -276,7 +277,7 @@ param_texts = (param_dicts.map(json.dumps) | hs.text(max_size=80)
 def test_params_json_is_parsed_or_refused_in_one_line(base_spec, text):
     try:
         params = cli.read_params(text)
-    except cli.UsageError as e:
+    except UsageError as e:
         assert_one_line(e)
         return
     try:
@@ -298,7 +299,7 @@ def test_cli_exits_2_with_one_line_and_writes_nothing(workdir, base_spec, text, 
         try:
             bad_params = False
             cli.adhoc_point(base_spec.space, cli.read_params(text), attempts=50)
-        except (cli.UsageError, SpaceError):
+        except (UsageError, SpaceError):
             bad_params = True
         cases = []
         if bad_params:  # a valid point would be enqueued: only bad ones go through the CLI here

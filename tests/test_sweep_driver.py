@@ -126,7 +126,7 @@ def test_driver_stores_an_outcome_the_supervisor_could_not(driver):
     d._tell_from_outcome(slot, result)  # idempotent: the trial is finished now
     t = d.study.get_trials()[0]
     assert t.state.name == "COMPLETE" and t.value == 1.25
-    from sweep.cli import record_of
+    from sweep.study import record_of
 
     assert record_of(t) == result["record"] and t.user_attrs["slot_seconds"] == 9.0
 

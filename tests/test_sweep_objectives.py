@@ -16,6 +16,7 @@ from sweep import objective as obj
 from sweep import storage as st
 from sweep.driver import Driver, SweepAborted
 from sweep.spec import load
+from sweep.study import best_dict, record_of, trial_result
 from sweep.worker import TrialTask, run_trial
 from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec
 
@@ -89,7 +90,7 @@ def test_pareto_sweep_of_two_rank_trials_keeps_curves_and_prints_its_front(ray_l
     for row in status["trials"]:
         assert row["value"] is None and row["values"] == by_number[row["number"]].values
 
-    shown = cli.trial_result(trials[0], load(spec_path).objective)  # what `sweep trial` prints last
+    shown = trial_result(trials[0], load(spec_path).objective)  # what `sweep trial` prints last
     assert shown["values"] == trials[0].values and shown["val_bpb"] == trials[0].user_attrs["val_bpb"]
     assert cli.main(["status", str(spec_path)]) == 0
     assert f"{trials[0].values[0]:.4f}/{trials[0].values[1]:.4f}" in capsys.readouterr().out
@@ -122,7 +123,7 @@ def test_composite_trial_reports_normalised_val_bpb_and_tells_its_score(tmp_path
     out = run_trial(_task(tmp_path, journal, study, objective, {**config, **CORE}))
     assert out.state == "COMPLETE" and out.told, out.reason
     (t,) = study.get_trials()
-    rec = cli.record_of(t)
+    rec = record_of(t)
     expected = 0.5 * (rec["val_bpb"] - 4.0) / (2.0 - 4.0) + 0.5 * rec["core"] / 0.3
     assert t.value == pytest.approx(expected) == out.value and out.values == [out.value]
     curve = dict((step, v) for step, v in t.user_attrs[obj.ATTR_CURVE])
@@ -130,7 +131,7 @@ def test_composite_trial_reports_normalised_val_bpb_and_tells_its_score(tmp_path
     for step, v in curve.items():  # reported: the val_bpb term, higher is better like the study
         assert t.intermediate_values[step] == pytest.approx((v - 4.0) / (2.0 - 4.0))
     assert curve[4] == rec["val_bpb"]
-    assert cli.best_dict(study, "maximize", objective)["value"] == pytest.approx(expected)
+    assert best_dict(study, "maximize", objective)["value"] == pytest.approx(expected)
     assert obj.fmt_values(objective, t.values, rec).startswith(f"composite={expected:.4f} (val_bpb=")
 
 

@@ -1,0 +1,130 @@
+"""What several commands share: open a stored study, say a failure in one line, read what a study holds.
+
+``sweep status``, ``best``, ``trial``, ``replay``, ``promote`` and ``export`` all load a study by its spec,
+print the same one-line errors and read trials back as the same dicts (the status and best shapes of
+docs/design.md), so those live here once rather than in the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sweep import objective as obj
+from sweep import storage as st
+from sweep.spec import StudySpec
+
+STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (unknown study, bad --params); exit 2."""
+
+
+def parse_seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return v
+
+
+def fail(message: str, url: str | None) -> None:
+    """Print ``sweep: MESSAGE`` on one line with any password in ``url`` scrubbed out."""
+    line = " ".join(st.scrub(message, url).split())
+    print(f"sweep: {line}", file=sys.stderr, flush=True)
+
+
+def load_study(spec: StudySpec, url: str) -> Any:
+    """The stored study named by ``spec``; a missing one is a UsageError (exit 2)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = st.open_storage(url)
+    try:
+        return st.retry(lambda: optuna.load_study(study_name=spec.name, storage=storage), url=url)
+    except KeyError:
+        raise UsageError(f"no study {spec.name!r} in {st.redact(url)}") from None
+
+
+def finite(v: Any) -> Any:
+    """A number for JSON: NaN and infinities become None."""
+    return v if v is None or math.isfinite(v) else None
+
+
+def finite_values(t: Any) -> list[Any] | None:
+    """A trial's values, each through :func:`finite` (None for a single-objective trial without values)."""
+    return None if t.values is None else [finite(v) for v in t.values]
+
+
+def status_dict(study: Any) -> dict[str, Any]:
+    """docs/design.md's status shape; a multi-objective study adds ``metrics``, ``directions`` and each trial's
+    ``values`` (its ``value`` is null: there is no single one)."""
+    trials = study.get_trials(deepcopy=False)
+    counts = dict.fromkeys(STATES, 0)
+    for t in trials:
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    if len(study.directions) == 1:
+        return {"study": study.study_name, "counts": counts,
+                "trials": [{"number": t.number, "state": t.state.name, "value": finite(t.value), "params": t.params}
+                           for t in trials]}
+    return {"study": study.study_name, "counts": counts, "metrics": study.metric_names,
+            "directions": [d.name.lower() for d in study.directions],
+            "trials": [{"number": t.number, "state": t.state.name, "value": None, "values": finite_values(t),
+                        "params": t.params} for t in trials]}
+
+
+def record_of(t: Any) -> dict[str, Any]:
+    """The trainer's result record, rebuilt from the trial's user attributes."""
+    fields = t.user_attrs.get("record_fields") or []
+    return {k: t.user_attrs[k] for k in fields if k in t.user_attrs}
+
+
+def best_dict(study: Any, direction: str, objective: obj.Objective | None = None) -> dict[str, Any] | None:
+    """docs/design.md's best shape; for a composite objective ``val_bpb`` is the record's and ``value`` the score."""
+    t = best_trial(study.get_trials(deepcopy=False), direction)
+    if t is None:
+        return None
+    if objective is None or objective.kind == "single":
+        return {"number": t.number, "params": t.params, "val_bpb": t.value, "record": record_of(t)}
+    record = record_of(t)
+    return {"number": t.number, "params": t.params, "val_bpb": record.get("val_bpb"), "value": t.value,
+            "record": record}
+
+
+def front_dict(study: Any, objective: obj.Objective) -> dict[str, Any]:
+    """A pareto study's front: each member's number, params, values (in ``metrics`` order) and record."""
+    members = obj.front(study.get_trials(deepcopy=False), objective.directions)
+    return {"study": study.study_name, "metrics": list(objective.metrics), "directions": list(objective.directions),
+            "front": [{"number": t.number, "params": t.params, "values": list(t.values), "record": record_of(t)}
+                      for t in members]}
+
+
+def trial_result(t: Any, objective: obj.Objective | None = None) -> dict[str, Any]:
+    """What ``sweep trial`` prints last: the trial's number, state, val_bpb, params and result record (and,
+    where the objective is not val_bpb alone, ``values``: what Optuna was told)."""
+    record = record_of(t)
+    if objective is None or objective.kind == "single":
+        d = {"number": t.number, "state": t.state.name, "val_bpb": finite(t.value), "params": t.params,
+             "record": record}
+    else:
+        d = {"number": t.number, "state": t.state.name, "val_bpb": finite(record.get("val_bpb")),
+             "values": finite_values(t), "params": t.params, "record": record}
+    if t.user_attrs.get("fail_reason"):
+        d["fail_reason"] = t.user_attrs["fail_reason"]
+    return d
+
+
+def best_trial(trials: list[Any], direction: str) -> Any:
+    """The best complete trial with a finite value in ``direction`` ("minimize" or "maximize"), or None."""
+    done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return None
+    pick: Callable[..., Any] = min if direction == "minimize" else max
+    return pick(done, key=lambda t: t.value)
