@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-TRN2_CHIP_BF16_FLOPS = 667e12  # dense BF16 per Trainium2 chip (AWS, see COMPETITION.md)
+TRN2_CHIP_BF16_FLOPS = 667e12  # dense BF16 per Trainium2 chip (AWS; docs/competition.md)
 CUDA_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense BF16, NVIDIA datasheets
 
 

@@ -1,6 +1,6 @@
 """``python -m sweep run|status|best|trial|dashboard|precompile|replay|promote|export``: the sweep's command line.
 
-Exit codes follow DESIGN.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
+Exit codes follow docs/design.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded
 journal under ``runs/``), so one study can be inspected from anywhere.
 """

@@ -35,7 +35,7 @@ def test_zero_head_gives_uniform_loss_and_bpb_identity():
 
 
 def test_baseline_parameter_count_matches_competition_formula():
-    # depth 10, width 640, vocab 8192: 2*8192*640 + 10*12*640^2 (COMPETITION.md)
+    # depth 10, width 640, vocab 8192: 2*8192*640 + 10*12*640^2 (docs/competition.md)
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=8192, depth=10, model_dim=640, head_dim=128, seq_len=2048))
     assert model.num_params() == 2 * 8192 * 640 + 10 * 12 * 640**2
