@@ -180,7 +180,8 @@ def spec_hash(path: Path) -> str:
 
     Two trials with the same hash ran under the same spec, whatever file names or formatting.
     """
-    from sweep.spec import SpecError, _read
+    from sweep.spec import SpecError
+    from sweep.spec.studyspec import _read
 
     try:
         data = _read(Path(path), ())

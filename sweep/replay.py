@@ -17,7 +17,7 @@ It reports the best value reached against compute spent (the trajectory and the 
 whether the study's true best trial was pruned. What it cannot show: configurations nobody recorded,
 and seed noise beyond the one recorded run of each.
 
-The replay follows the study's objective (:mod:`sweep.objective`): a single study replays val_bpb,
+The replay follows the study's objective (:mod:`sweep.spec.objective`): a single study replays val_bpb,
 minimised; a composite study replays what its trials reported (the normalised val_bpb term) and
 ranks by its score, both maximised, as the sweep did. A pareto study is refused: Optuna cannot
 prune a multi-objective study, so its sweep made no pruning decisions to replay. The fields named
@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from sweep.spec import Component, StudySpec, _pruner, _Reader, _sampler, build_pruner, build_sampler
+from sweep.spec import Component, StudySpec, build_pruner, build_sampler
+from sweep.spec.studyspec import _pruner, _Reader, _sampler
 from sweep.study import fail, load_study
 
 

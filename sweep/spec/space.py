@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweep import expr
+from sweep.spec import expr
 
 
 class SpaceError(ValueError):

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep import expr, neuron
-from sweep import objective as obj
-from sweep.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
-from sweep.space import Param, SearchSpace, SpaceError
+from sweep import neuron
+from sweep.spec import expr
+from sweep.spec import objective as obj
+from sweep.spec.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
+from sweep.spec.space import Param, SearchSpace, SpaceError
 
-STUDIES_DIR = Path(__file__).resolve().parent / "studies"
+STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random")
 PRUNERS = ("hyperband", "successive_halving", "median", "percentile", "learning_curve", "none")
@@ -97,7 +98,7 @@ class StudySpec:
     storage_proxy: bool = False  # workers reach the store through a gRPC proxy the driver starts
     cost_cap_usd: float | None = None  # `make sweep` refuses to start a study estimated past it (infra.cost)
     compile_cache: str = ""  # Neuron compile cache: "" the node's directory, else a shared path or s3:// (sweep.neuron)
-    objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna (sweep.objective)
+    objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna (sweep.spec.objective)
     chips: int = 0  # Trainium2 chips per trial (trial.chips); 0: resources as written
 
     @property
@@ -464,7 +465,7 @@ def _pruner_classes() -> dict[str, type]:
     """Pruner name -> class (imports lazily, like the samplers)."""
     import optuna
 
-    from sweep.pruners import LearningCurvePruner
+    from sweep.spec.pruners import LearningCurvePruner
 
     return {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
             "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
@@ -531,7 +532,7 @@ def _space(r: _Reader, root: Mapping[str, Any], chip_ranks: tuple[int, int] | No
 
 def _objective(r: _Reader, raw: Any, direction: str, direction_given: bool, pruner: Component,
                fixed: Mapping[str, Any]) -> obj.Objective:
-    """``[objective]``: single (default), pareto or composite; see :mod:`sweep.objective`."""
+    """``[objective]``: single (default), pareto or composite; see :mod:`sweep.spec.objective`."""
     t = r.table(raw, "objective", {"type", "metrics", "terms"})
     kind = r.choice(t, "objective.type", obj.KINDS, default="single")
     if kind == "single":
