@@ -34,8 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from sweep.spec import Component, StudySpec, build_pruner, build_sampler
-from sweep.spec.studyspec import _pruner, _Reader, _sampler
+from sweep.spec import Component, SpecReader, StudySpec, build_pruner, build_sampler, read_pruner, read_sampler
 from sweep.study import fail, load_study
 
 
@@ -290,19 +289,19 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
 def components(spec: StudySpec, sampler_name: str | None, sampler_opts: Sequence[str], pruner_name: str | None,
                pruner_opts: Sequence[str], seed: int | None) -> tuple[Component, Component]:
     """The sampler and pruner as a spec would build them (same names, option checks and defaults)."""
-    r = _Reader(spec.path)
+    r = SpecReader(spec.path)
     if sampler_name is None and not sampler_opts:
         sampler = spec.sampler
     else:
-        sampler = _sampler(r, {"name": sampler_name or spec.sampler.name, **_opts(sampler_opts, "--sampler-opt")},
-                           None)
+        sampler = read_sampler(r, {"name": sampler_name or spec.sampler.name, **_opts(sampler_opts, "--sampler-opt")},
+                               None)
     sampler = Component(sampler.name, {**sampler.options, "seed": seed if seed is not None
                                        else sampler.options.get("seed", 0)})
     if pruner_name is None and not pruner_opts:
         pruner = spec.pruner
     else:
         raw = {"name": pruner_name or spec.pruner.name, **_opts(pruner_opts, "--pruner-opt")}
-        pruner = _pruner(r, raw, spec.eval_fractions, spec.budget_s)
+        pruner = read_pruner(r, raw, spec.eval_fractions, spec.budget_s)
     return sampler, pruner
 
 
