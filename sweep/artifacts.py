@@ -180,10 +180,10 @@ def spec_hash(path: Path) -> str:
 
     Two trials with the same hash ran under the same spec, whatever file names or formatting.
     """
-    from sweep.spec import SpecError, _read
+    from sweep.spec import SpecError, read_spec_file
 
     try:
-        data = _read(Path(path), ())
+        data = read_spec_file(Path(path), ())
     except SpecError:  # the file went away after it was loaded; say so rather than stop a sweep
         return "unknown"
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import artifacts, export, precompile, promote, replay
-from sweep import objective as obj
 from sweep import storage as st
-from sweep.expr import ExprError
-from sweep.space import SearchSpace, SpaceError
 from sweep.spec import SpecError, StudySpec, load
+from sweep.spec import objective as obj
+from sweep.spec.expr import ExprError
+from sweep.spec.space import SearchSpace, SpaceError
 from sweep.study import (
     UsageError,
     best_dict,

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import artifacts as art
-from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
 from sweep.neuron import WarmPicker
-from sweep.space import ConstraintViolation
 from sweep.spec import StudySpec, build_pruner, build_sampler
+from sweep.spec import objective as obj
+from sweep.spec.space import ConstraintViolation
 from sweep.study import best_trial
 from sweep.worker import (
     ATTR_DRIVER,

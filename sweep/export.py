@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import bundle, neuron
-from sweep import objective as obj
 from sweep.artifacts import code_version
+from sweep.spec import objective as obj
 from sweep.study import best_trial, fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit

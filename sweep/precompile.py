@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import neuron
-from sweep.expr import ExprError
+from sweep.spec.expr import ExprError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MAX_SHAPES = 64

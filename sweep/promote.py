@@ -9,7 +9,7 @@ standard deviation, and alongside the means (and intervals) of the study's other
 core where the records hold them. A winner is declared only when its interval clears the runner-up's;
 otherwise the report says the difference is within noise.
 
-What is ranked follows the study's objective (:mod:`sweep.objective`): a single or composite study's
+What is ranked follows the study's objective (:mod:`sweep.spec.objective`): a single or composite study's
 value in its direction (a composite score is maximised); a pareto study has no single order, so
 ``--by METRIC`` names one of its metrics, ranked in that metric's direction. The linked study keeps
 the source's objective, so a pareto study's replicates record every metric.
@@ -43,10 +43,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from sweep import objective as obj
 from sweep import storage as st
-from sweep.space import Param, SearchSpace, SpaceError
 from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
+from sweep.spec import objective as obj
+from sweep.spec.space import Param, SearchSpace, SpaceError
 from sweep.study import fail, load_study, parse_seconds
 
 SEED = "seed"  # the trainer's seed parameter: what varies between replicates

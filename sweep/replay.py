@@ -17,7 +17,7 @@ It reports the best value reached against compute spent (the trajectory and the 
 whether the study's true best trial was pruned. What it cannot show: configurations nobody recorded,
 and seed noise beyond the one recorded run of each.
 
-The replay follows the study's objective (:mod:`sweep.objective`): a single study replays val_bpb,
+The replay follows the study's objective (:mod:`sweep.spec.objective`): a single study replays val_bpb,
 minimised; a composite study replays what its trials reported (the normalised val_bpb term) and
 ranks by its score, both maximised, as the sweep did. A pareto study is refused: Optuna cannot
 prune a multi-objective study, so its sweep made no pruning decisions to replay. The fields named
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from sweep.spec import Component, StudySpec, _pruner, _Reader, _sampler, build_pruner, build_sampler
+from sweep.spec import Component, SpecReader, StudySpec, build_pruner, build_sampler, read_pruner, read_sampler
 from sweep.study import fail, load_study
 
 
@@ -289,19 +289,19 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
 def components(spec: StudySpec, sampler_name: str | None, sampler_opts: Sequence[str], pruner_name: str | None,
                pruner_opts: Sequence[str], seed: int | None) -> tuple[Component, Component]:
     """The sampler and pruner as a spec would build them (same names, option checks and defaults)."""
-    r = _Reader(spec.path)
+    r = SpecReader(spec.path)
     if sampler_name is None and not sampler_opts:
         sampler = spec.sampler
     else:
-        sampler = _sampler(r, {"name": sampler_name or spec.sampler.name, **_opts(sampler_opts, "--sampler-opt")},
-                           None)
+        sampler = read_sampler(r, {"name": sampler_name or spec.sampler.name, **_opts(sampler_opts, "--sampler-opt")},
+                               None)
     sampler = Component(sampler.name, {**sampler.options, "seed": seed if seed is not None
                                        else sampler.options.get("seed", 0)})
     if pruner_name is None and not pruner_opts:
         pruner = spec.pruner
     else:
         raw = {"name": pruner_name or spec.pruner.name, **_opts(pruner_opts, "--pruner-opt")}
-        pruner = _pruner(r, raw, spec.eval_fractions, spec.budget_s)
+        pruner = read_pruner(r, raw, spec.eval_fractions, spec.budget_s)
     return sampler, pruner
 
 

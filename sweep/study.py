@@ -13,9 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sweep import objective as obj
 from sweep import storage as st
 from sweep.spec import StudySpec
+from sweep.spec import objective as obj
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 

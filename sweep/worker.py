@@ -9,7 +9,7 @@ A detached reaper (:mod:`sweep.reaper`) kills the group if this process dies fir
 The supervisor records the outcome itself (result record as user attributes, then ``tell``), so
 a finished trial is stored even if the driver dies at that moment. Outcomes:
 
-- trainer ``ok`` -> COMPLETE with the objective's value(s) from the record (:mod:`sweep.objective`:
+- trainer ``ok`` -> COMPLETE with the objective's value(s) from the record (:mod:`sweep.spec.objective`:
   val_bpb, a Pareto pair such as val_bpb and core, or a composite score); a record lacking a metric the
   objective needs -> FAIL ``metric``, naming it (the record is kept);
 - pruned by the pruner -> PRUNED (the trainer's ``stopped`` record is kept);
@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from sweep import artifacts
-from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import code_version
-from sweep.limits import is_oom, preexec
 from sweep.neuron import LaunchError, TrialLaunch
 from sweep.reaper import TOKEN_VAR, kill_trial, tagged_pids
+from sweep.spec import objective as obj
+from sweep.spec.limits import is_oom, preexec
 
 log = logging.getLogger("sweep.worker")
 

@@ -474,7 +474,7 @@ def test_diverging_trainer(ray_cluster, make_sweep):
 
 
 def test_out_of_memory_trainer(ray_cluster, make_sweep):
-    # Every trainer of the sweep gets a 3 GiB address space (RLIMIT_AS, sweep.limits): the healthy one
+    # Every trainer of the sweep gets a 3 GiB address space (RLIMIT_AS, sweep.spec.limits): the healthy one
     # trains within it, the faulty one allocates until the allocator refuses.
     sw, res = _trainer_fault(make_sweep, "f_oom", "oom", **{"trial.env": {"SWEEP_TRIAL_MEMORY_MB": "3072"}})
     bad = res["by_number"][0]

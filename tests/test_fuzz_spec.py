@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from sweep import cli, expr
+from sweep import cli
 from sweep import storage as st
-from sweep.space import SpaceError
-from sweep.spec import SpecError, load, parse
+from sweep.spec import SpecError, expr, load, parse
+from sweep.spec.space import SpaceError
 from sweep.study import UsageError
 from tests.sweep_fixtures import spec_toml, tiny_spec
 
@@ -190,8 +190,8 @@ def test_mutated_spec_structures_load_or_fail_in_one_line(tree):
     # A spec that loads must be usable: its sampler asks and its space suggests (or rejects a point).
     import optuna
 
-    from sweep.space import ConstraintViolation
     from sweep.spec import build_pruner, build_sampler
+    from sweep.spec.space import ConstraintViolation
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(sampler=build_sampler(spec.sampler), pruner=build_pruner(spec.pruner))

@@ -11,9 +11,9 @@ import statistics
 import pytest
 
 from sweep import cli, promote
-from sweep import objective as obj
 from sweep import storage as st
 from sweep.spec import load
+from sweep.spec import objective as obj
 from tests.sweep_fixtures import load_trials, run_sweep, sweep_env, tiny_spec, write_spec
 
 # Student t quantiles t(0.975, df) from the table: df 1 and 2.

@@ -9,7 +9,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep.pruners import (
+from sweep.spec import SpecError, load
+from sweep.spec.pruners import (
     SCHEDULE_DEFAULTS,
     Curve,
     LearningCurvePruner,
@@ -18,7 +19,6 @@ from sweep.pruners import (
     lr_multiplier,
     predict_final,
 )
-from sweep.spec import SpecError, load
 
 BUDGET = 100
 STEPS = list(range(10, BUDGET, 10))  # intermediate evals at 10%..90% of the charged budget

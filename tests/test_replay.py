@@ -176,7 +176,7 @@ def composite_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished composite study (0.5 val_bpb in [2, 1] + 0.5 core in [0, 0.3]) recorded as the worker records
     one: intermediate reports and the final one are the normalised val_bpb term, the value is the score. Core
     runs against val_bpb, so the best score is not the best val_bpb."""
-    from sweep import objective as obj
+    from sweep.spec import objective as obj
 
     spec, journal = _demo_spec(tmp_path_factory.mktemp("replay_composite"), "comp", 'direction = "maximize"\n',
                                COMPOSITE_TOML)

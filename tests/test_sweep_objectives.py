@@ -12,10 +12,10 @@ import optuna
 import pytest
 
 from sweep import cli
-from sweep import objective as obj
 from sweep import storage as st
 from sweep.driver import Driver, SweepAborted
 from sweep.spec import load
+from sweep.spec import objective as obj
 from sweep.study import best_dict, record_of, trial_result
 from sweep.worker import TrialTask, run_trial
 from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from sweep import expr
-from sweep.space import ConstraintViolation, Param, SearchSpace, SpaceError
+from sweep.spec import expr
+from sweep.spec.space import ConstraintViolation, Param, SearchSpace, SpaceError
 
 
 def test_expressions_evaluate_arithmetic_and_logic():

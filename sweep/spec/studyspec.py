@@ -4,46 +4,29 @@ A spec is data a person edits between cluster runs, so every mistake must surfac
 accelerator is reserved: an unknown key, a wrong type, an empty range, a constraint no point can
 satisfy, an unknown sampler or pruner option. Each becomes a :class:`SpecError` whose single line
 names the file and the key. See ``sweep/studies/demo.toml`` for an annotated example.
+
+This module validates the sections into a :class:`StudySpec`; reading the file (and ``extends``) is
+:mod:`sweep.spec.files`, the sampler and pruner tables are :mod:`sweep.spec.components`.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import math
 import os
 import random
-import tomllib
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep import expr, neuron
-from sweep import objective as obj
-from sweep.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
-from sweep.space import Param, SearchSpace, SpaceError
+from sweep import neuron
+from sweep.spec import expr
+from sweep.spec import objective as obj
+from sweep.spec.components import Component, exercise_components, read_pruner, read_sampler
+from sweep.spec.files import SpecReader, read_spec_file, resolve_path
+from sweep.spec.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
+from sweep.spec.space import Param, SearchSpace, SpaceError
 
-STUDIES_DIR = Path(__file__).resolve().parent / "studies"
-
-SAMPLERS = ("tpe", "gp", "cmaes", "random")
-PRUNERS = ("hyperband", "successive_halving", "median", "percentile", "learning_curve", "none")
-# Optional packages some samplers need; checked without importing them.
-_SAMPLER_NEEDS = {"gp": ("scipy", "torch"), "cmaes": ("cmaes",)}
 _CONSTRAINT_SAMPLES = 1000
-
-
-class SpecError(ValueError):
-    """A study spec that cannot be used; the message is one line naming the file and the key."""
-
-
-@dataclass(frozen=True)
-class Component:
-    """A sampler or pruner: its name and the keyword options for its constructor."""
-
-    name: str
-    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,7 +80,7 @@ class StudySpec:
     storage_proxy: bool = False  # workers reach the store through a gRPC proxy the driver starts
     cost_cap_usd: float | None = None  # `make sweep` refuses to start a study estimated past it (infra.cost)
     compile_cache: str = ""  # Neuron compile cache: "" the node's directory, else a shared path or s3:// (sweep.neuron)
-    objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna (sweep.objective)
+    objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna (sweep.spec.objective)
     chips: int = 0  # Trainium2 chips per trial (trial.chips); 0: resources as written
 
     @property
@@ -130,65 +113,15 @@ class StudySpec:
         return self.eval_steps[i]
 
 
-def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
-    """``NAME`` means ``sweep/studies/NAME.toml``; anything ending in .toml is a path."""
-    text = os.fspath(name_or_path)
-    if text.endswith(".toml") or os.sep in text:
-        return Path(text)
-    return STUDIES_DIR / f"{text}.toml"
-
-
 def load(name_or_path: str | os.PathLike[str]) -> StudySpec:
     """Load and validate a spec by study name or path; raises :class:`SpecError`."""
     path = resolve_path(name_or_path)
-    return parse(_read(path, ()), path)
-
-
-def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """Decode a spec file, merged over the spec it ``extends`` (tables merge, values replace)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        where = f"{chain[-1]}: extends" if chain else str(path)
-        raise SpecError(f"{where}: no such study spec {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"{path}: invalid TOML: {e}") from None
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    base_name = data.pop("extends", None)
-    if base_name is None:
-        return data
-    if not isinstance(base_name, str):
-        raise SpecError(f"{path}: extends: must be a study name or a path")
-    # A bare name is a sibling spec; a relative path is relative to the extending file.
-    if os.sep in base_name or base_name.endswith(".toml"):
-        base_path = Path(base_name) if Path(base_name).is_absolute() else path.parent / base_name
-    else:
-        base_path = path.parent / f"{base_name}.toml"
-    if base_path.resolve() in {p.resolve() for p in (*chain, path)}:
-        raise SpecError(f"{path}: extends: cycle through {base_path}")
-    return _merge(_read(base_path, (*chain, path)), data)
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep merge; a table naming a different ``name`` (another sampler or pruner) or ``type`` (another
-    objective or parameter kind) replaces its base."""
-    out = dict(base)
-    for k, v in over.items():
-        old = out.get(k)
-        if isinstance(v, Mapping) and isinstance(old, Mapping) and all(
-                v.get(tag, old.get(tag)) == old.get(tag) for tag in ("name", "type")):
-            out[k] = _merge(dict(old), v)
-        else:
-            out[k] = v
-    return out
+    return parse(read_spec_file(path, ()), path)
 
 
 def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     """Validate an already-decoded spec; ``path`` is used in messages and for the default name."""
-    r = _Reader(path)
+    r = SpecReader(path)
     root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints",
                               "objective"})
     study = r.table(root.get("study", {}), "study",
@@ -247,9 +180,9 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     if chips:
         resources = _chip_resources(r, chips, resources, "neuron_cores" in res)
 
-    sampler = _sampler(r, root.get("sampler", {"name": "tpe"}), seed)
-    pruner = _pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
-    _exercise(r, sampler, pruner, [max(1, round(f * budget_s)) for f in fractions])
+    sampler = read_sampler(r, root.get("sampler", {"name": "tpe"}), seed)
+    pruner = read_pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
+    exercise_components(r, sampler, pruner, [max(1, round(f * budget_s)) for f in fractions])
 
     objective = _objective(r, root.get("objective", {}), direction, "direction" in study, pruner,
                            r.table(root.get("fixed", {}), "fixed", None))
@@ -269,72 +202,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     return spec
 
 
-class _Reader:
-    """Typed access to decoded TOML that turns every mismatch into a one-line SpecError."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def error(self, key: str, message: str) -> SpecError:
-        text = f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}"
-        # Keys are any TOML string: a quoted key with a line break must not break the one-line rule.
-        return SpecError("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
-
-    def table(self, value: Any, key: str, allowed: set[str] | None) -> dict[str, Any]:
-        if not isinstance(value, Mapping):
-            raise self.error(key, "must be a table")
-        if allowed is not None:
-            for k in value:
-                if k not in allowed:
-                    where = f"{key}.{k}" if key else k
-                    raise self.error(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
-        return dict(value)
-
-    def string(self, t: Mapping[str, Any], key: str, default: Any = ...) -> Any:
-        v = self._get(t, key, default)
-        if v is default and default is not ...:
-            return v
-        if not isinstance(v, str):
-            raise self.error(key, f"must be a string, got {v!r}")
-        return v
-
-    def choice(self, t: Mapping[str, Any], key: str, choices: tuple[str, ...], default: Any = ...) -> str:
-        v = self.string(t, key, default)
-        if v not in choices:
-            raise self.error(key, f"must be one of {', '.join(choices)}, got {v!r}")
-        return v
-
-    def integer(self, t: Mapping[str, Any], key: str, low: int | None = None, default: Any = ...) -> Any:
-        v = self._get(t, key, default)
-        if v is default and default is not ...:
-            return v
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise self.error(key, f"must be an integer, got {v!r}")
-        if low is not None and v < low:
-            raise self.error(key, f"must be >= {low}, got {v}")
-        return v
-
-    def number(self, t: Mapping[str, Any], key: str, low: float | None = None, strict: bool = False,
-               default: Any = ...) -> Any:
-        v = self._get(t, key, default)
-        if v is default and default is not ...:
-            return v
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            raise self.error(key, f"must be a finite number, got {v!r}")
-        if low is not None and (v <= low if strict else v < low):
-            raise self.error(key, f"must be {'>' if strict else '>='} {low}, got {v}")
-        return float(v)
-
-    def _get(self, t: Mapping[str, Any], key: str, default: Any) -> Any:
-        leaf = key.rsplit(".", 1)[-1]
-        if leaf in t:
-            return t[leaf]
-        if default is ...:
-            raise self.error(key, "missing")
-        return default
-
-
-def _eval_fractions(r: _Reader, trial: Mapping[str, Any], budget_s: float) -> tuple[float, ...]:
+def _eval_fractions(r: SpecReader, trial: Mapping[str, Any], budget_s: float) -> tuple[float, ...]:
     key = "trial.eval_fractions"
     raw = trial.get("eval_fractions", [0.25, 0.5, 0.75])
     if not isinstance(raw, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in raw):
@@ -351,131 +219,7 @@ def _eval_fractions(r: _Reader, trial: Mapping[str, Any], budget_s: float) -> tu
     return fractions
 
 
-def _options(r: _Reader, key: str, table: Mapping[str, Any], cls: type, fixed: set[str]) -> dict[str, Any]:
-    """Keyword options for ``cls``, each checked against its constructor's signature."""
-    params = inspect.signature(cls).parameters
-    opts = {}
-    for k, v in table.items():
-        if k == "name":
-            continue
-        if k not in params or k in fixed:
-            allowed = sorted(p for p in params if p not in fixed and p != "self")
-            raise r.error(f"{key}.{k}", f"unknown option for {table['name']} (allowed: {', '.join(allowed)})")
-        opts[k] = v
-    return opts
-
-
-def _sampler(r: _Reader, raw: Any, seed: int | None) -> Component:
-    import optuna
-
-    t = r.table(raw, "sampler", None)
-    name = r.choice(t, "sampler.name", SAMPLERS, default="tpe")
-    missing = [m for m in _SAMPLER_NEEDS.get(name, ()) if importlib.util.find_spec(m) is None]
-    if missing:
-        raise r.error("sampler.name", f"{name!r} needs the package(s) {', '.join(missing)}, not installed")
-    cls = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler,
-           "cmaes": optuna.samplers.CmaEsSampler, "random": optuna.samplers.RandomSampler}[name]
-    opts = _options(r, "sampler", {**t, "name": name}, cls, set())
-    if name == "tpe":
-        # Several trials run at once: the constant liar keeps TPE from proposing the same point twice.
-        opts.setdefault("constant_liar", True)
-    if seed is not None:
-        opts.setdefault("seed", seed)
-    try:
-        build_sampler(Component(name, opts))
-    except (TypeError, ValueError) as e:
-        raise r.error("sampler", f"{name}: {e}") from None
-    return Component(name, opts)
-
-
-def _pruner(r: _Reader, raw: Any, fractions: tuple[float, ...], budget_s: float) -> Component:
-    t = r.table(raw, "pruner", None)
-    name = r.choice(t, "pruner.name", PRUNERS, default="none")
-    opts = _options(r, "pruner", {**t, "name": name}, _pruner_classes()[name], set())
-    first = max(1, round(fractions[0] * budget_s)) if fractions else 1
-    if name == "hyperband":
-        opts.setdefault("min_resource", first)
-        opts.setdefault("max_resource", max(first, round(budget_s)))
-    elif name == "successive_halving":
-        opts.setdefault("min_resource", first)
-    elif name == "median":
-        opts.setdefault("n_startup_trials", 2)
-    elif name == "learning_curve":
-        opts.setdefault("budget_s", budget_s)
-    if name != "none" and not fractions:
-        raise r.error("pruner.name", f"{name!r} needs intermediate evals: trial.eval_fractions is empty")
-    try:
-        build_pruner(Component(name, opts))
-    except (TypeError, ValueError) as e:
-        raise r.error("pruner", f"{name}: {e}") from None
-    return Component(name, opts)
-
-
-def _exercise(r: _Reader, sampler: Component, pruner: Component, steps: list[int]) -> None:
-    """Run a few in-memory trials through the sampler and the pruner.
-
-    Constructors accept options of the wrong type (``n_startup_trials = None``, a string for a
-    number) that only fail at the first ask or pruning call, which on a cluster is after the chips
-    are reserved; here they fail at load time instead, naming the table.
-    """
-    import optuna
-
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:
-        for key, s, p in (("sampler", sampler, Component("none")), ("pruner", Component("random"), pruner)):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    study = optuna.create_study(sampler=build_sampler(s), pruner=build_pruner(p))
-                    for i in range(3):
-                        trial = study.ask()
-                        trial.suggest_float("x", 0.0, 1.0)
-                        trial.suggest_int("n", 1, 4)
-                        trial.suggest_categorical("c", ["a", "b"])
-                        for step in steps:
-                            trial.report(float(i), step)
-                            trial.should_prune()
-                        study.tell(trial, float(i))
-            except Exception as e:
-                raise r.error(key, f"{s.name if key == 'sampler' else p.name}: unusable options: "
-                                   f"{type(e).__name__}: {_first_line(e)}") from None
-    finally:
-        optuna.logging.set_verbosity(level)
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else ""
-
-
-def build_sampler(c: Component) -> Any:
-    """Construct the Optuna sampler a spec names (imports lazily: the worker never needs one)."""
-    import optuna
-
-    cls = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler,
-           "cmaes": optuna.samplers.CmaEsSampler, "random": optuna.samplers.RandomSampler}[c.name]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return cls(**c.options)
-
-
-def _pruner_classes() -> dict[str, type]:
-    """Pruner name -> class (imports lazily, like the samplers)."""
-    import optuna
-
-    from sweep.pruners import LearningCurvePruner
-
-    return {"hyperband": optuna.pruners.HyperbandPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-            "median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
-            "learning_curve": LearningCurvePruner, "none": optuna.pruners.NopPruner}
-
-
-def build_pruner(c: Component) -> Any:
-    return _pruner_classes()[c.name](**c.options)
-
-
-def _chip_resources(r: _Reader, chips: int, resources: Resources, cores_given: bool) -> Resources:
+def _chip_resources(r: SpecReader, chips: int, resources: Resources, cores_given: bool) -> Resources:
     """``trial.chips``: the Ray reservation of K whole chips, counted at the cluster's LNC like Ray counts them."""
     if chips > neuron.MAX_CHIPS:
         raise r.error("trial.chips", f"a trial runs on one node: at most {neuron.MAX_CHIPS} chips (trn2.48xlarge), "
@@ -498,7 +242,7 @@ def _chip_ranks(chips: int, ranks_given: bool, env: Mapping[str, str]) -> tuple[
     return chips, int(lnc) if lnc in ("1", "2") else neuron.DEFAULT_NODE_LNC
 
 
-def _space(r: _Reader, root: Mapping[str, Any], chip_ranks: tuple[int, int] | None = None) -> SearchSpace:
+def _space(r: SpecReader, root: Mapping[str, Any], chip_ranks: tuple[int, int] | None = None) -> SearchSpace:
     fixed = r.table(root.get("fixed", {}), "fixed", None)
     params_t = r.table(root.get("params", {}), "params", None)
     derived_t = r.table(root.get("derived", {}), "derived", None)
@@ -529,9 +273,9 @@ def _space(r: _Reader, root: Mapping[str, Any], chip_ranks: tuple[int, int] | No
     return space
 
 
-def _objective(r: _Reader, raw: Any, direction: str, direction_given: bool, pruner: Component,
+def _objective(r: SpecReader, raw: Any, direction: str, direction_given: bool, pruner: Component,
                fixed: Mapping[str, Any]) -> obj.Objective:
-    """``[objective]``: single (default), pareto or composite; see :mod:`sweep.objective`."""
+    """``[objective]``: single (default), pareto or composite; see :mod:`sweep.spec.objective`."""
     t = r.table(raw, "objective", {"type", "metrics", "terms"})
     kind = r.choice(t, "objective.type", obj.KINDS, default="single")
     if kind == "single":
@@ -584,7 +328,7 @@ def _objective(r: _Reader, raw: Any, direction: str, direction_given: bool, prun
     return objective
 
 
-def _term(r: _Reader, name: str, raw: Any) -> obj.Term:
+def _term(r: SpecReader, name: str, raw: Any) -> obj.Term:
     key = f"objective.terms.{name}"
     t = r.table(raw, key, {"weight", "best", "worst"})
     if name not in obj.DIRECTIONS:
@@ -598,7 +342,7 @@ def _term(r: _Reader, name: str, raw: Any) -> obj.Term:
     return obj.Term(name, weight, best, worst)
 
 
-def _expr(r: _Reader, key: str, src: Any) -> expr.Expr:
+def _expr(r: SpecReader, key: str, src: Any) -> expr.Expr:
     if not isinstance(src, str):
         raise r.error(key, "must be an expression string")
     try:
@@ -607,7 +351,7 @@ def _expr(r: _Reader, key: str, src: Any) -> expr.Expr:
         raise r.error(key, str(e)) from None
 
 
-def _param(r: _Reader, name: str, raw: Any) -> Param:
+def _param(r: SpecReader, name: str, raw: Any) -> Param:
     key = f"params.{name}"
     t = r.table(raw, key, {"type", "low", "high", "step", "log", "choices", "when"})
     kind = r.choice(t, f"{key}.type", ("float", "int", "categorical"))
@@ -650,7 +394,7 @@ def _param(r: _Reader, name: str, raw: Any) -> Param:
     return Param(name, kind, low=low, high=high, step=step, log=log, when=when)
 
 
-def _check_satisfiable(r: _Reader, space: SearchSpace) -> None:
+def _check_satisfiable(r: SpecReader, space: SearchSpace) -> None:
     """Sample random points: an expression that cannot evaluate or constraints no point meets are errors."""
     rng = random.Random(0)
     violated: dict[str, int] = {}

@@ -8,6 +8,8 @@ an infeasible region cannot stall the sweep.
 
 Names in ``[derived]`` that start with ``_`` are private to the spec (helpers for constraints such
 as a parameter estimate); the others are passed to the trainer with the sampled parameters.
+
+Optuna is imported only where a distribution is built, so loading a spec stays cheap for the CLI.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweep import expr
+from sweep.spec import expr
 
 
 class SpaceError(ValueError):
