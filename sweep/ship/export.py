@@ -3,7 +3,7 @@
 Writes three files into DIR:
 
 - ``train.py``: one self-contained file under the upload limit. It carries the ``model`` and
-  ``kernels`` packages as they are on disk (:mod:`sweep.bundle`), so it runs the project's own
+  ``kernels`` packages as they are on disk (:mod:`sweep.ship.bundle`), so it runs the project's own
   trainer, the code the sweep trained, with the trial's resolved config (its result record's
   ``config``) baked in. The keys that describe the sweep's machine rather than the configuration are
   set to what a submission needs (:data:`SUBMISSION`, listed again at the top of the file). Launched
@@ -34,9 +34,10 @@ import pprint
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import bundle, neuron
+from sweep import neuron
 from sweep import objective as obj
 from sweep.artifacts import code_version
+from sweep.ship import bundle
 from sweep.study import best_trial, fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit
