@@ -45,6 +45,7 @@ from typing import Any, TextIO
 
 from sweep import objective as obj
 from sweep import storage as st
+from sweep.driver import ATTR_ADHOC_BUDGET, Driver, counts
 from sweep.space import Param, SearchSpace, SpaceError
 from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
 from sweep.study import fail, load_study, parse_seconds
@@ -166,8 +167,6 @@ def metric_value(t: Any, objective: obj.Objective, metric: str) -> float | None:
 def top_configs(trials: list[Any], spec: StudySpec, k: int, metric: str | None = None) -> list[dict[str, Any]]:
     """The ``k`` best distinct configurations by ``metric`` (default: the study's value) among the complete
     trials run at the spec's budget."""
-    from sweep.driver import ATTR_ADHOC_BUDGET
-
     metric = metric or spec.objective.names[0]
     sign = 1.0 if metric_direction(spec.objective, metric) == "minimize" else -1.0
     scored = [(v, t) for t in trials if (v := metric_value(t, spec.objective, metric)) is not None
@@ -328,8 +327,6 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
         fail(str(e), url)
         return 2
     code = 0
-    from sweep.driver import Driver, counts
-
     if sum(counts(t) for t in study.get_trials(deepcopy=False)) < linked.n_trials:
         code = Driver(linked, out=sys.stderr if args.json else out).run()
     rep = report(load_study(linked, url), spec.objective, metric)
@@ -348,8 +345,6 @@ def prepare(spec: StudySpec, source: Any, top: int, budget_s: float, seeds: int,
     before stay, in their order; new ones from the current top ``top`` by ``metric`` are appended.
     ``under`` is the spec the replicates run under (default ``spec``); resuming under another is refused.
     """
-    from sweep.driver import Driver
-
     metric = metric or spec.objective.names[0]
     trials = source.get_trials(deepcopy=False)
     picked = top_configs(trials, spec, top, metric)
