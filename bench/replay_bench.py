@@ -92,8 +92,8 @@ def _median(xs: list[float | None]) -> float | None:
 def run() -> list[dict[str, Any]]:
     import optuna
 
-    from sweep import replay as rp
     from sweep import storage as st
+    from sweep.ship import replay as rp
 
     spec, url, spent = record()
     trials = optuna.load_study(study_name=spec.name, storage=st.open_storage(url)).get_trials(deepcopy=False)

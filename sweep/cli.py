@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, export, precompile, promote, replay
+from sweep import artifacts, precompile
 from sweep import storage as st
+from sweep.ship import export, promote, replay
 from sweep.spec import SpecError, StudySpec, load
 from sweep.spec import objective as obj
 from sweep.spec.expr import ExprError

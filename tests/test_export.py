@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sweep import bundle, cli
+from sweep import cli
 from sweep import storage as st
 from sweep.artifacts import code_version
+from sweep.ship import bundle
 from tests.sweep_fixtures import tiny_spec, write_spec
 
 PARAMS = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
@@ -235,7 +236,7 @@ def test_text_literal_reproduces_any_source(source):
 
 
 def test_finder_serves_source_to_inspect_and_refuses_a_foreign_package(monkeypatch):
-    from sweep import bundle_boot
+    from sweep.ship import bundle_boot
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     for name in ("tsb_pkg", "tsb_pkg.mod"):

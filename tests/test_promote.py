@@ -10,8 +10,9 @@ import statistics
 
 import pytest
 
-from sweep import cli, promote
+from sweep import cli
 from sweep import storage as st
+from sweep.ship import promote
 from sweep.spec import load
 from sweep.spec import objective as obj
 from tests.sweep_fixtures import load_trials, run_sweep, sweep_env, tiny_spec, write_spec

@@ -13,7 +13,7 @@ import pytest
 
 from sweep import cli
 from sweep import storage as st
-from sweep.replay import components, recorded_trials, replay
+from sweep.ship.replay import components, recorded_trials, replay
 from sweep.spec import Component, load
 from tests.conftest import subprocess_env
 from tests.sweep_fixtures import tiny_spec, write_spec

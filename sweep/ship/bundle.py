@@ -4,7 +4,7 @@ The competition takes a single ``train.py``; it must run the very code the sweep
 kept by hand. :func:`collect` reads the packages' sources as they are on disk (what ``python -m
 model.train`` imports), :func:`render` writes them into the file as string literals, verbatim when
 they fit the upload limit and zlib-compressed otherwise, ahead of the hook in
-:mod:`sweep.bundle_boot` and the caller's own code. Nothing here imports the packages it packs.
+:mod:`sweep.ship.bundle_boot` and the caller's own code. Nothing here imports the packages it packs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 UPLOAD_LIMIT_BYTES = 262_144  # the competition's limit on train.py
 PACKAGES = ("model", "kernels")
 TEST_ONLY = frozenset({"kernels._fake_nki"})  # stand-ins the test suite swaps in; never imported by a run
@@ -85,7 +85,7 @@ def compressed_literal(source: str) -> str:
 
 
 def boot_source() -> str:
-    """The hook's code (sweep/bundle_boot.py without its docstring)."""
+    """The hook's code (sweep/ship/bundle_boot.py without its docstring)."""
     text = (Path(__file__).with_name("bundle_boot.py")).read_text(encoding="utf-8")
     doc = ast.parse(text).body[0]
     lines = text.splitlines(keepends=True)
@@ -118,7 +118,7 @@ def render(head: str, tail: str, modules: list[Module], limit: int | None = None
     for enc in ENCODINGS if encoding == "auto" else (encoding,):
         text = "".join([
             head.rstrip("\n"), "\n\n",
-            "# ---- the import hook (sweep/bundle_boot.py) ", "-" * 50, "\n", boot_source(), "\n\n",
+            "# ---- the import hook (sweep/ship/bundle_boot.py) ", "-" * 45, "\n", boot_source(), "\n\n",
             "# ---- the bundled packages, as they were on disk at export ", "-" * 36, "\n",
             modules_block(modules, enc), "\n",
             "install(BUNDLED_MODULES, BUNDLE_ID, os.path.join(os.path.dirname(os.path.abspath(globals().get("

@@ -1,9 +1,9 @@
 """``python -m sweep export NAME [--trial N] --out DIR``: a trial as the competition takes it.
 
-Writes three files into DIR:
+Writes four files into DIR:
 
 - ``train.py``: one self-contained file under the upload limit. It carries the ``model`` and
-  ``kernels`` packages as they are on disk (:mod:`sweep.bundle`), so it runs the project's own
+  ``kernels`` packages as they are on disk (:mod:`sweep.ship.bundle`), so it runs the project's own
   trainer, the code the sweep trained, with the trial's resolved config (its result record's
   ``config``) baked in. The keys that describe the sweep's machine rather than the configuration are
   set to what a submission needs (:data:`SUBMISSION`, listed again at the top of the file). Launched
@@ -13,9 +13,13 @@ Writes three files into DIR:
   a few seconds on the demo corpus.
 - ``launch.sh``: ``NEURON_LOGICAL_NC_CONFIG={1|2} torchrun --standalone --nproc_per_node={1|4|8} train.py``
   from the trial's launch shape (what the worker recorded, else the spec's).
+- ``inference.py``: scores CORE on the checkpoint with the bundled ``model.inference``.
 - ``provenance.json``: study, trial, params, val_bpb (the record's), the objective's values, the code
   version exported and the one the trial ran, the bundle's module digests, the sha256 of ``train.py``
   and the export time.
+
+The programs' text is in ``sweep/ship/templates/`` (``train.py``, ``inference.py``, ``launch.sh``), real
+files that ruff and a reader see; :func:`fill` puts the trial's values into their placeholders.
 
 The default trial is the study's best complete one (a composite study's: its highest score); a pareto
 study has no single best, so ``--trial N`` picks one of its front (the error lists them). Exit codes: 2
@@ -31,11 +35,13 @@ import datetime
 import hashlib
 import json
 import pprint
+import re
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import bundle, neuron
+from sweep import neuron
 from sweep.artifacts import code_version
+from sweep.ship import bundle
 from sweep.spec import objective as obj
 from sweep.study import best_trial, fail, load_study, parse_seconds
 
@@ -219,15 +225,14 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
             "trained_budget_s": trained_config.get("budget_s"), "trained_device": t.user_attrs.get("device"),
             "version": version, "lnc": lnc, "launch": launch_line(ranks, lnc),
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    text, encoding = bundle.render(_head(info, config, launch_env), _tail(config, lnc), modules)
+    text, encoding = bundle.render(*train_program(info, config, launch_env, lnc), modules)
     data = text.encode("utf-8")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train.py").write_bytes(data)
-    inference, _ = bundle.render(_inference_head(info), _INFERENCE_TAIL, modules)
+    inference, _ = bundle.render(*inference_program(info), modules)
     (out_dir / "inference.py").write_text(inference)
     sh = out_dir / "launch.sh"
-    sh.write_text(f"#!/bin/sh\n# Study {study_name}, trial {t.number}: the competition's launch line, run from the "
-                  f"directory holding train.py.\n{info['launch']}\n")
+    sh.write_text(fill("launch.sh", {"study": study_name, "trial": t.number, "launch": info["launch"]}))
     sh.chmod(0o755)
     provenance = {
         "study": study_name, "trial": t.number, "params": dict(t.params), "val_bpb": val_bpb, "values": values,
@@ -248,142 +253,62 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
     return {"provenance": provenance, "warnings": warnings}
 
 
-def _inference_head(info: dict[str, Any]) -> str:
-    return f'''#!/usr/bin/env python3
-"""Phase-2 inference.py exported by trnsweep beside train.py (study {info["study"]}, trial {info["trial"]}).
+# -- the generated files ---------------------------------------------------------------------------
 
-Scores CORE on the checkpoint train.py wrote, with the same model code and evaluation the sweep used
-(trnsweep's model.inference, bundled below):
-    python inference.py --checkpoint out/final.pt --bundle EVAL_BUNDLE_DIR [--max-seconds 3600] --json
-Under torchrun the examples are shared across ranks. Code: trnsweep {info["version"].get("git_commit", "unknown")}.
-"""
-
-import os
-import sys
-'''
+TEMPLATES = Path(__file__).with_name("templates")  # the exported programs, as files a reader and ruff can see
+BUNDLE_MARK = "# ==== the import hook and the bundled packages go here (sweep/ship/bundle.py) ====\n"
+# $$, a quoted "$NAME" (a Python literal where the template's code needs an expression), $name (text), a stray $.
+_PLACEHOLDER = re.compile(r'\$\$|"\$([A-Z_]+)"|\$([a-z_]+)|\$')
 
 
-_INFERENCE_TAIL = '''# ---- the entry point ----------------------------------------------------------------------------
-
-from model.inference import main  # noqa: E402
-from model.train import load_for_eval  # noqa: E402,F401
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-'''
+def template(name: str) -> str:
+    """Template ``name``'s text without its note (everything up to the first blank line)."""
+    return (TEMPLATES / name).read_text(encoding="utf-8").split("\n\n", 1)[1]
 
 
-# -- the generated file ----------------------------------------------------------------------------
+def fill(name: str, text: dict[str, Any], literals: dict[str, str] | None = None, source: str | None = None) -> str:
+    """Template ``name`` (or ``source``, a part of it) with its placeholders replaced: ``$name`` by
+    ``str(text[name])``, a quoted ``"$NAME"`` by ``literals[NAME]`` (Python source), ``$$`` by ``$``."""
+    literals = literals or {}
 
-def _head(info: dict[str, Any], config: dict[str, Any], launch_env: dict[str, str]) -> str:
+    def one(m: re.Match[str]) -> str:
+        if m[0] == "$$":
+            return "$"
+        if m[1]:
+            return literals[m[1]]
+        if m[2]:
+            return str(text[m[2]])
+        raise ValueError(f"{TEMPLATES / name}: a $ that is no placeholder (write $$ for a dollar sign)")
+
+    return _PLACEHOLDER.sub(one, template(name) if source is None else source)
+
+
+def fill_around_bundle(name: str, text: dict[str, Any], literals: dict[str, str] | None = None) -> tuple[str, str]:
+    """A program's text before and after its marked line, each filled: :func:`bundle.render` puts the import
+    hook and the bundled packages between them."""
+    head, mark, tail = template(name).partition("\n" + BUNDLE_MARK)
+    if not mark or BUNDLE_MARK in tail:
+        raise ValueError(f"{TEMPLATES / name}: needs the line {BUNDLE_MARK.strip()!r} exactly once")
+    return fill(name, text, literals, head), fill(name, text, literals, tail)
+
+
+def train_program(info: dict[str, Any], config: dict[str, Any], launch_env: dict[str, str],
+                  lnc: int) -> tuple[str, str]:
+    """train.py before and after the bundle: the docstring says what was set for a submission and why."""
     set_keys = "\n".join(f"    {k} = {config[k]!r}: {why}" for k, (_, why) in SUBMISSION.items())
     v = info["version"]
-    dirty = " (uncommitted changes)" if v.get("git_dirty") else ""
     val = f"{info['val_bpb']:.4f}" if isinstance(info["val_bpb"], float) else info["val_bpb"]
-    return f'''#!/usr/bin/env python3
-"""Competition train.py exported by trnsweep: study {info["study"]}, trial {info["trial"]} (val_bpb {val} \
-in {info["trained_budget_s"]} s on {info["trained_device"]}).
-
-Launch, with no arguments:
-    {info["launch"]}
-It trains the trial's configuration (CONFIG, at the end) with trnsweep's own trainer, bundled below with
-the model and kernels packages exactly as the sweep ran them, for budget_s = {config["budget_s"]:g} charged
-seconds; writes out/final.pt and prints the summary block after a `---` line. load_for_eval(checkpoint_path,
-device) returns the trained model for evaluation. Generated: re-export rather than edit.
-
-Set for a submission instead of copied from the sweep's machine (everything else is the trial's record):
-    budget_s = {config["budget_s"]!r}: the competition's charged training time
-{set_keys}
-The kit's prepare.py is looked for in ${KIT_ENV}, beside this file, in the working directory, then on
-sys.path. To run elsewhere, {OVERRIDES_ENV} takes a JSON object merged over CONFIG, e.g.
-    {OVERRIDES_ENV}='{{"device": "cpu", "data": "demo", "budget_s": 10}}' python train.py
-
-Code: trnsweep {v.get("git_commit", "unknown")}{dirty}; exported {info["exported_at"]}.
-"""
-
-import importlib.util
-import json
-import os
-import sys
-
-# The launch line carries only NEURON_LOGICAL_NC_CONFIG; the rest of the trial's launch environment is set
-# here, before torch loads, unless the caller set it.
-LAUNCH_ENV = {launch_env!r}
-for _key, _value in LAUNCH_ENV.items():
-    os.environ.setdefault(_key, _value)
-'''
+    text = {"study": info["study"], "trial": info["trial"], "val": val, "trained_s": info["trained_budget_s"],
+            "trained_on": info["trained_device"], "launch": info["launch"], "budget": f"{config['budget_s']:g}",
+            "budget_repr": repr(config["budget_s"]), "set_keys": set_keys, "kit_env": KIT_ENV,
+            "overrides_env": OVERRIDES_ENV, "commit": v.get("git_commit", "unknown"),
+            "dirty": " (uncommitted changes)" if v.get("git_dirty") else "", "exported_at": info["exported_at"]}
+    literals = {"LAUNCH_ENV": repr(launch_env), "CONFIG": pprint.pformat(config, width=110, sort_dicts=True),
+                "TRAINED_LNC": str(lnc), "KIT_ENV": repr(KIT_ENV), "OVERRIDES_ENV": repr(OVERRIDES_ENV)}
+    return fill_around_bundle("train.py", text, literals)
 
 
-def _tail(config: dict[str, Any], lnc: int) -> str:
-    body = pprint.pformat(config, width=110, sort_dicts=True)
-    return f'''# ---- the submission ---------------------------------------------------------------------------
-
-from model.train import load_for_eval  # noqa: E402,F401  (the evaluation's entry point)
-
-CONFIG = {body}
-TRAINED_LNC = {lnc}
-OUT_DIR = "out"
-KIT_ENV = {KIT_ENV!r}
-OVERRIDES_ENV = {OVERRIDES_ENV!r}
-
-
-def _fail(message):
-    print(f"train.py: {{message}}", file=sys.stderr, flush=True)
-    return 2
-
-
-def find_kit():
-    """The kit's prepare.py: ${KIT_ENV}, beside this file, in the working directory, or on sys.path."""
-    if os.environ.get(KIT_ENV):
-        return os.environ[KIT_ENV]
-    here = os.path.dirname(os.path.abspath(globals().get("__file__") or "train.py"))
-    for folder in (here, os.getcwd()):
-        if os.path.isfile(os.path.join(folder, "prepare.py")):
-            return os.path.join(folder, "prepare.py")
-    found = importlib.util.find_spec("prepare")
-    return found.origin if found is not None and found.origin and os.path.isfile(found.origin) else None
-
-
-def resolved_config():
-    """CONFIG, with ${OVERRIDES_ENV} merged over it and the kit located; None (after one line) when impossible."""
-    config = dict(CONFIG)
-    raw = os.environ.get(OVERRIDES_ENV, "").strip()
-    if raw:
-        try:
-            extra = json.loads(raw)
-        except ValueError as e:
-            _fail(f"{{OVERRIDES_ENV}} is not JSON: {{e}}")
-            return None
-        if not isinstance(extra, dict):
-            _fail(f"{{OVERRIDES_ENV}} must be a JSON object of config keys, got {{raw[:80]!r}}")
-            return None
-        config.update(extra)
-    if config.get("data") == "kit":
-        kit = find_kit()
-        if kit is None:
-            _fail("the competition kit's prepare.py was not found (set " + KIT_ENV + " or put it beside train.py); "
-                  + OVERRIDES_ENV + "='{{\\"data\\": \\"demo\\"}}' trains on the demo corpus instead")
-            return None
-        config["data"] = "kit:" + kit
-    return config
-
-
-def main():
-    config = resolved_config()
-    if config is None:
-        return 2
-    lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-    if config.get("device") == "neuron" and lnc != str(TRAINED_LNC):
-        print(f"train.py: warning: NEURON_LOGICAL_NC_CONFIG={{lnc}}, the sweep trained this at {{TRAINED_LNC}}",
-              file=sys.stderr, flush=True)
-    from model import train as trainer
-
-    return trainer.main(["--config", json.dumps(config), "--out-dir", OUT_DIR])
-
-
-if __name__ == "__main__":
-    exit_code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)  # as model.train does: everything is written; skip unloading torch
-'''
+def inference_program(info: dict[str, Any]) -> tuple[str, str]:
+    """inference.py before and after the bundle."""
+    text = {"study": info["study"], "trial": info["trial"], "commit": info["version"].get("git_commit", "unknown")}
+    return fill_around_bundle("inference.py", text)

@@ -1,4 +1,4 @@
-"""The import hook at the top of an exported ``train.py``; :mod:`sweep.bundle` inlines this file's text.
+"""The import hook at the top of an exported ``train.py``; :mod:`sweep.ship.bundle` inlines this file's text.
 
 A submission is one file, so the ``model`` and ``kernels`` packages travel inside it as source text and
 this finder serves them to ``import``. It implements ``get_source`` and fills ``linecache`` so that

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
+from sweep.driver import ATTR_ADHOC_BUDGET
 from sweep.spec import Component, SpecReader, StudySpec, build_pruner, build_sampler, read_pruner, read_sampler
 from sweep.study import fail, load_study
 
@@ -93,8 +94,6 @@ class Replay:
 
 def recorded_trials(trials: Sequence[Any], budget_s: float) -> list[Recorded]:
     """Complete single-valued trials of the spec's budget that reported at least one intermediate value."""
-    from sweep.driver import ATTR_ADHOC_BUDGET  # the driver pulls in Ray's side; only needed here
-
     final_step = round(budget_s)
     out = []
     for t in trials:
