@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from sweep import objective as obj
+from sweep.spec import objective as obj
 
 SEED = "seed"  # the trainer's seed parameter: what varies between replicates
 CONFIDENCE = 0.95
