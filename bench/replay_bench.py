@@ -44,7 +44,7 @@ def record() -> tuple[Any, str, float]:
     import optuna
 
     from sweep import spec as sp
-    from sweep import storage as st
+    from sweep import store as st
 
     spec = sp.load(STUDY)
     work = _cache_dir()
@@ -93,7 +93,7 @@ def run() -> list[dict[str, Any]]:
     import optuna
 
     from sweep import replay as rp
-    from sweep import storage as st
+    from sweep import store as st
 
     spec, url, spent = record()
     trials = optuna.load_study(study_name=spec.name, storage=st.open_storage(url)).get_trials(deepcopy=False)

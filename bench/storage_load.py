@@ -136,7 +136,7 @@ def prefill(dbname: str, url: str, n: int, steps: int = STEPS, full_record: bool
     import optuna
     from optuna.distributions import IntDistribution, distribution_to_json
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = st.open_storage(url, role="driver")  # creates the schema and the sweep's indexes
@@ -203,7 +203,7 @@ def verify_prefill(url: str, n: int, steps: int = STEPS) -> float:
     """Read the study back with Optuna (a cold read, as a fresh worker does); return its seconds."""
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     storage = st.open_storage(url, role="driver")
     t0 = time.perf_counter()
@@ -269,7 +269,7 @@ def _worker(idx: int, storage: Any, urls: Any, warm: tuple[int, dict[int, Any], 
     up, wait for the start, then run trials until told to stop."""
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     rng = random.Random(idx)
@@ -389,7 +389,7 @@ def measure(dbname: str, url: str, warm_storage: Any, study_id: int, n_trials: i
 
 def _measure(dbname: str, url: str, warm_storage: Any, study_id: int, n_trials: int, workers: int, proxy: bool,
              duration_s: float, pruner: str, reports: int, cold_load_s: float) -> dict[str, Any]:
-    from sweep import storage as st
+    from sweep import store as st
 
     ctx = mp.get_context("fork")
     ready, start, stop, out, urls = ctx.Semaphore(0), ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
@@ -487,7 +487,7 @@ def _env_list(name: str, default: str) -> list[str]:
 def run() -> list[dict[str, Any]]:
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     workers = [int(x) for x in _env_list("STORAGE_LOAD_WORKERS", "8,32,64,128")]
@@ -521,7 +521,7 @@ def run() -> list[dict[str, Any]]:
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
             warm._backend.engine.dispose()
-            st._SHARED.clear()
+            st.forget_shared()
     return rows
 
 

@@ -416,6 +416,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _scrub(text: str) -> str:
     """Last line of defence: a message never carries the password of the URL in force."""
-    from sweep.storage import scrub
+    from sweep.store import scrub
 
     return scrub(text, os.environ.get("SWEEP_STORAGE"))

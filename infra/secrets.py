@@ -51,7 +51,7 @@ def redact(url: str) -> str:
     A hand-written URL with an unquoted '/' or '@' in the password defeats a strict parser; here
     the user information is everything between '://' and the *last* '@', so it is still hidden.
     """
-    from sweep.storage import redact as sweep_redact
+    from sweep.store import redact as sweep_redact
 
     out = sweep_redact(url)
     secret = _password(url)
@@ -76,7 +76,7 @@ def scrub(text: str, url: str) -> str:
     """``text`` without the URL's password in any of its spellings."""
     from urllib.parse import unquote
 
-    from sweep.storage import scrub as sweep_scrub
+    from sweep.store import scrub as sweep_scrub
 
     text = sweep_scrub(text, url)
     secret = _password(url)

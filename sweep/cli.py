@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from sweep import artifacts, export, precompile, promote, replay
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
 from sweep.spec import SpecError, StudySpec, load

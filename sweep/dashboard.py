@@ -30,7 +30,7 @@ from typing import Any, TextIO
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from sweep import artifacts
-from sweep import storage as st
+from sweep import store as st
 
 METRIC_NAMES = ["val_bpb"]
 

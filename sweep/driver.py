@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 from sweep import artifacts as art
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
 from sweep.neuron import WarmPicker
 from sweep.space import ConstraintViolation

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.space import Param, SearchSpace, SpaceError
 from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
 from sweep.study import fail, load_study, parse_seconds

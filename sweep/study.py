@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.spec import StudySpec
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")

@@ -42,7 +42,7 @@ from typing import IO, Any
 
 from sweep import artifacts
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.artifacts import code_version
 from sweep.limits import is_oom, preexec
 from sweep.neuron import LaunchError, TrialLaunch

@@ -22,7 +22,7 @@ import pytest
 
 from sweep import artifacts as art
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import counts
 from tests.sweep_fixtures import (
     ROOT,

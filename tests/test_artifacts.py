@@ -12,7 +12,7 @@ import pytest
 from optuna.artifacts import download_artifact
 
 from sweep import artifacts as art
-from sweep import storage as st
+from sweep import store as st
 from sweep import worker
 from tests.sweep_fixtures import ROOT, tiny_spec, write_spec
 

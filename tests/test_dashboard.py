@@ -20,7 +20,7 @@ import pytest
 
 from sweep import artifacts as art
 from sweep import cli, dashboard
-from sweep import storage as st
+from sweep import store as st
 from tests.sweep_fixtures import ROOT, pg_available, pg_database, run_sweep, sweep_cmd, sweep_env, tiny_spec, write_spec
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

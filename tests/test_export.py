@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sweep import bundle, cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.artifacts import code_version
 from tests.sweep_fixtures import tiny_spec, write_spec
 

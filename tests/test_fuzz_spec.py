@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from sweep import cli, expr
-from sweep import storage as st
+from sweep import store as st
 from sweep.space import SpaceError
 from sweep.spec import SpecError, load, parse
 from sweep.study import UsageError

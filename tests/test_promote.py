@@ -12,7 +12,7 @@ import pytest
 
 from sweep import cli, promote
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.spec import load
 from tests.sweep_fixtures import load_trials, run_sweep, sweep_env, tiny_spec, write_spec
 

@@ -13,7 +13,7 @@ import pytest
 
 from sweep import cli
 from sweep import objective as obj
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import Driver, SweepAborted
 from sweep.spec import load
 from sweep.study import best_dict, record_of, trial_result

@@ -154,6 +154,13 @@ _SHARED: dict[tuple[str, str, int], Any] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+def forget_shared() -> None:
+    """Drop this process's shared worker storages, so the next ``open_storage(..., "worker")`` opens anew
+    (a benchmark that replaces the database behind a URL)."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
+
+
 def open_storage(url: str, role: str = "driver") -> Any:
     """An Optuna storage for ``url``; ``role`` picks the connection pool size.
 
@@ -547,7 +554,7 @@ class StorageProxy:
             # reads would block a chatty proxy.
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sweep.storage", "proxy", "--host", self.host, "--port", str(self.port),
+                [sys.executable, "-m", "sweep.store", "proxy", "--host", self.host, "--port", str(self.port),
                  "--threads", str(threads)],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
             try:
@@ -737,8 +744,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sweep.storage proxy --host H --port P``: the proxy process (URL from SWEEP_STORAGE)."""
-    parser = argparse.ArgumentParser(prog="python -m sweep.storage")
+    """``python -m sweep.store proxy --host H --port P``: the proxy process (URL from SWEEP_STORAGE)."""
+    parser = argparse.ArgumentParser(prog="python -m sweep.store")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("proxy", help="serve the study store to workers over gRPC")
     p.add_argument("--host", default="127.0.0.1")
@@ -748,15 +755,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     url = os.environ.get(ENV_STORAGE)
     if not url or not is_database(url) or is_proxy(url):
-        print(f"sweep.storage: {ENV_STORAGE} must name a database", file=sys.stderr)
+        print(f"sweep.store: {ENV_STORAGE} must name a database", file=sys.stderr)
         return 2
     try:
         serve_proxy(url, args.host, args.port, args.threads, args.read_ttl_s)
     except Exception as e:
-        print(f"sweep.storage: proxy: {scrub(_first_line(e), url)}", file=sys.stderr)
+        print(f"sweep.store: proxy: {scrub(_first_line(e), url)}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
