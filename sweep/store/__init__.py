@@ -3,6 +3,7 @@
 The public facade: ``from sweep import store as st`` gives every name the rest of the code uses.
 """
 
+from sweep.redact import password, redact, scrub
 from sweep.store.opening import (
     DEFAULT_STORAGE,
     ENGINE_KWARGS,
@@ -23,13 +24,10 @@ from sweep.store.opening import (
     is_transient,
     journal_path,
     open_storage,
-    password,
     proxy_host,
     proxy_wanted,
-    redact,
     resolve_url,
     retry,
-    scrub,
     serve_proxy,
 )
 

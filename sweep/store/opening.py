@@ -28,7 +28,6 @@ import gc
 import logging
 import os
 import random
-import re
 import socket
 import subprocess
 import sys
@@ -38,7 +37,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote
+
+from sweep.redact import redact, scrub
 
 ENV_STORAGE = "SWEEP_STORAGE"
 ENV_PROXY = "SWEEP_STORAGE_PROXY"  # "1": the driver starts a gRPC proxy for its workers
@@ -108,46 +108,6 @@ def proxy_wanted(spec_flag: bool = False) -> bool:
     if env:
         return env not in ("0", "false", "no", "off")
     return spec_flag
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced by ``***`` (journal URLs pass unchanged)."""
-    if not is_database(url):
-        return url
-    parts = _userinfo(url)
-    if parts is None or ":" not in parts[1]:
-        return url
-    scheme, userinfo, rest = parts
-    return f"{scheme}{userinfo.split(':', 1)[0]}:***@{rest}"
-
-
-def _userinfo(url: str) -> tuple[str, str, str] | None:
-    """(scheme://, userinfo, host and the rest), splitting at the LAST '@': a password may hold an unquoted
-    '/' or '@', and a misplaced split then hides too much rather than too little."""
-    m = re.match(r"^([^:/]+(?:\+[^:/]+)?://)(.*)$", url, re.S)
-    if not m or "@" not in m.group(2):
-        return None
-    userinfo, _, rest = m.group(2).rpartition("@")
-    return m.group(1), userinfo, rest
-
-
-def password(url: str) -> str | None:
-    parts = _userinfo(url)
-    if parts is None or ":" not in parts[1]:
-        return None
-    return parts[1].split(":", 1)[1] or None
-
-
-def scrub(text: str, url: str | None) -> str:
-    """Remove the URL's password from arbitrary text (an error message, a log line)."""
-    if not url:
-        return text
-    secret = password(url)
-    if secret:
-        for form in {secret, unquote(secret), quote(unquote(secret), safe="")}:
-            if form:
-                text = text.replace(form, "***")
-    return text
 
 
 _SHARED: dict[tuple[str, str, int], Any] = {}
