@@ -2,6 +2,6 @@
 
 import sys
 
-from sweep.store.opening import main
+from sweep.store.proxy import main
 
 sys.exit(main())
