@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, export, precompile, promote, replay
+from sweep import export, precompile, promote, replay
 from sweep import objective as obj
 from sweep import store as st
 from sweep.expr import ExprError
 from sweep.space import SearchSpace, SpaceError
 from sweep.spec import SpecError, StudySpec, load
+from sweep.store import artifacts
 from sweep.study import (
     UsageError,
     best_dict,

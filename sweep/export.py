@@ -36,7 +36,7 @@ from typing import Any, TextIO
 
 from sweep import bundle, neuron
 from sweep import objective as obj
-from sweep.artifacts import code_version
+from sweep.store.artifacts import code_version
 from sweep.study import best_trial, fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit

@@ -8,8 +8,10 @@ names the file and the key. See ``sweep/studies/demo.toml`` for an annotated exa
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
+import json
 import math
 import os
 import random
@@ -184,6 +186,19 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def spec_hash(path: str | os.PathLike[str]) -> str:
+    """A short hash of the study spec as loaded (``extends`` merged; comments and layout ignored).
+
+    Two trials with the same hash ran under the same spec, whatever file names or formatting.
+    """
+    try:
+        data = _read(Path(path), ())
+    except SpecError:  # the file went away after it was loaded; say so rather than stop a sweep
+        return "unknown"
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def parse(data: Mapping[str, Any], path: Path) -> StudySpec:

@@ -17,7 +17,7 @@ import pytest
 
 from sweep import bundle, cli
 from sweep import store as st
-from sweep.artifacts import code_version
+from sweep.store.artifacts import code_version
 from tests.sweep_fixtures import tiny_spec, write_spec
 
 PARAMS = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
