@@ -21,6 +21,9 @@ best keeps its own (deleting it would race with anyone downloading it).
 
 optuna-dashboard lists the uploads of each trial (trial system attributes ``artifacts:ID``) and
 serves them from the same store (``python -m sweep dashboard``).
+
+``optuna.artifacts`` and ``boto3`` are imported inside the functions (start-up time of commands that
+upload nothing).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ unfinished trial and filter and sort the whole study each time, most of a report
 trials running (see bench/storage_load.py). Here a worker re-reads unfinished trials at most every
 ``refresh_s`` seconds (new ones at every call) and keeps its sorted lists between calls; the proxy
 serves one read to every worker asking within its ``ttl``. The subclasses of Optuna's caches live in
-:mod:`sweep.store._optuna`, the one module that touches Optuna's internals.
+:mod:`sweep.store._optuna`, the one module that touches Optuna's internals; ``optuna`` is imported
+inside :func:`throttled` (start-up time of commands that never open a database).
 """
 
 from __future__ import annotations
