@@ -44,7 +44,7 @@ def record() -> tuple[Any, str, float]:
     import optuna
 
     from sweep import spec as sp
-    from sweep import storage as st
+    from sweep import store as st
 
     spec = sp.load(STUDY)
     work = _cache_dir()
@@ -92,7 +92,7 @@ def _median(xs: list[float | None]) -> float | None:
 def run() -> list[dict[str, Any]]:
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
     from sweep.ship import replay as rp
 
     spec, url, spent = record()

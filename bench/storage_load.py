@@ -136,12 +136,12 @@ def prefill(dbname: str, url: str, n: int, steps: int = STEPS, full_record: bool
     import optuna
     from optuna.distributions import IntDistribution, distribution_to_json
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = st.open_storage(url, role="driver")  # creates the schema and the sweep's indexes
     study = optuna.create_study(study_name=STUDY, storage=storage, direction="minimize")
-    study_id = study._study_id
+    study_id = st.study_id(study)
     storage.engine.dispose()
     fields = dict(RECORD, config=CONFIG) if full_record else {k: RECORD[k] for k in COMPACT}
     record = [(k, json.dumps(v)) for k, v in fields.items()]
@@ -203,7 +203,7 @@ def verify_prefill(url: str, n: int, steps: int = STEPS) -> float:
     """Read the study back with Optuna (a cold read, as a fresh worker does); return its seconds."""
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     storage = st.open_storage(url, role="driver")
     t0 = time.perf_counter()
@@ -269,7 +269,7 @@ def _worker(idx: int, storage: Any, urls: Any, warm: tuple[int, dict[int, Any], 
     up, wait for the start, then run trials until told to stop."""
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     rng = random.Random(idx)
@@ -280,14 +280,9 @@ def _worker(idx: int, storage: Any, urls: Any, warm: tuple[int, dict[int, Any], 
         if proxy_url:
             storage = st.open_storage(proxy_url, role="worker")
             if warm is not None:  # the cache a long-lived worker would hold, as in the direct mode
-                from optuna.storages._grpc.client import GrpcClientCacheEntry
-
-                study_id, trials, last_finished = warm
-                entry = GrpcClientCacheEntry()
-                entry.trials, entry.last_finished_trial_id = dict(trials), last_finished
-                storage._cache.studies[study_id] = entry
+                st.seed_grpc_cache(storage, *warm)
         else:
-            storage._backend.engine.dispose(close=False)  # never share the parent's connections
+            st.engine_of(storage).dispose(close=False)  # never share the parent's connections
         study = st.retry(lambda: optuna.load_study(study_name=STUDY, storage=storage, pruner=_pruner(pruner),
                                                    sampler=optuna.samplers.RandomSampler(seed=idx)),
                          what="load study")
@@ -327,7 +322,7 @@ def _worker(idx: int, storage: Any, urls: Any, warm: tuple[int, dict[int, Any], 
             res["prune_only"].append(time.perf_counter() - t1)
             res["report_cpu"].append(time.thread_time() - c0)
             if time.monotonic() >= next_beat:
-                study._storage.set_trial_system_attr(trial._trial_id, "sweep:heartbeat", time.time())
+                st.study_storage(study).set_trial_system_attr(st.trial_id(trial), "sweep:heartbeat", time.time())
                 next_beat = time.monotonic() + HEARTBEAT_S
             res["pruned"] += bool(pruned)
             # The pruner's answer is recorded, not acted on: every configuration carries the same
@@ -389,15 +384,14 @@ def measure(dbname: str, url: str, warm_storage: Any, study_id: int, n_trials: i
 
 def _measure(dbname: str, url: str, warm_storage: Any, study_id: int, n_trials: int, workers: int, proxy: bool,
              duration_s: float, pruner: str, reports: int, cold_load_s: float) -> dict[str, Any]:
-    from sweep import storage as st
+    from sweep import store as st
 
     ctx = mp.get_context("fork")
     ready, start, stop, out, urls = ctx.Semaphore(0), ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     warm = None
     if proxy:
-        info = warm_storage._studies[study_id]
-        warm = (study_id, info.trials, info.last_finished_trial_id)
-    warm_storage._backend.engine.dispose()
+        warm = (study_id, *st.cached_study(warm_storage, study_id))
+    st.engine_of(warm_storage).dispose()
     peak = {"total": 0, "active": 0}
     sampling = threading.Event()
     procs: list[Any] = []
@@ -487,7 +481,7 @@ def _env_list(name: str, default: str) -> list[str]:
 def run() -> list[dict[str, Any]]:
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     workers = [int(x) for x in _env_list("STORAGE_LOAD_WORKERS", "8,32,64,128")]
@@ -520,8 +514,8 @@ def run() -> list[dict[str, Any]]:
                     row["record"] = "full" if full_record else "compact"
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
-            warm._backend.engine.dispose()
-            st._SHARED.clear()
+            st.engine_of(warm).dispose()
+            st.forget_shared()
     return rows
 
 

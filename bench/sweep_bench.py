@@ -69,7 +69,7 @@ def _run_study(budget_s: float, work: Path) -> dict[str, Any]:
 
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name=spec.stem, storage=st.open_storage(st.resolve_url(storage))).get_trials()

@@ -16,6 +16,7 @@ from typing import Any
 
 from infra import aws
 from infra.aws import BadInput, InfraError
+from sweep.redact import scrub
 
 
 class _Parser(argparse.ArgumentParser):
@@ -416,6 +417,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _scrub(text: str) -> str:
     """Last line of defence: a message never carries the password of the URL in force."""
-    from sweep.storage import scrub
-
     return scrub(text, os.environ.get("SWEEP_STORAGE"))

@@ -108,7 +108,7 @@ def env_file(opts: Options) -> str:
         f'export SWEEP_DB_SECRET="{secret}"',
         *([f"export SWEEP_DB_HOST={opts.db_host}"] if opts.db_host else []),
         *([f"export SWEEP_DB_NAME={opts.db_name}"] if opts.db_name else []),
-        "# The sweep's artifact store: each finished trial's files (sweep/artifacts.py uploads them).",
+        "# The sweep's artifact store: each finished trial's files (sweep/store/artifacts.py uploads them).",
         f"export SWEEP_ARTIFACTS=s3://{opts.bucket}/artifacts",
         "# Trials' working files, on the worker that ran them (also those of trials killed mid-run);",
         "# infra/ray/node_sync.sh copies them to $TRNSWEEP_S3/trial-files before the node is scaled away.",

@@ -24,9 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from infra.aws import BadInput, InfraError, error_code, translate
+from sweep.redact import redact as sweep_redact
+from sweep.redact import scrub as sweep_scrub
 
 ENV_STORAGE = "SWEEP_STORAGE"
 ENV_SECRET = "SWEEP_DB_SECRET"
@@ -51,8 +53,6 @@ def redact(url: str) -> str:
     A hand-written URL with an unquoted '/' or '@' in the password defeats a strict parser; here
     the user information is everything between '://' and the *last* '@', so it is still hidden.
     """
-    from sweep.storage import redact as sweep_redact
-
     out = sweep_redact(url)
     secret = _password(url)
     if secret and secret in out:
@@ -74,10 +74,6 @@ def _password(url: str) -> str | None:
 
 def scrub(text: str, url: str) -> str:
     """``text`` without the URL's password in any of its spellings."""
-    from urllib.parse import unquote
-
-    from sweep.storage import scrub as sweep_scrub
-
     text = sweep_scrub(text, url)
     secret = _password(url)
     if secret:

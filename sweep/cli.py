@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, precompile
-from sweep import storage as st
+from sweep import precompile
+from sweep import store as st
 from sweep.ship import export, promote, replay
 from sweep.spec import SpecError, StudySpec, load
 from sweep.spec import objective as obj
 from sweep.spec.expr import ExprError
 from sweep.spec.space import SearchSpace, SpaceError
+from sweep.store import artifacts
 from sweep.study import (
     UsageError,
     best_dict,

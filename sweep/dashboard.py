@@ -1,7 +1,7 @@
 """``python -m sweep dashboard [NAME]``: optuna-dashboard on the sweep's storage and artifact store.
 
 The app is optuna-dashboard's own (``optuna_dashboard.wsgi``, the app ``run_server`` serves, with the
-artifact store of :mod:`sweep.artifacts`, so each trial's uploads are listed and downloadable). We
+artifact store of :mod:`sweep.store.artifacts`, so each trial's uploads are listed and downloadable). We
 serve it with wsgiref ourselves rather than through ``run_server`` because:
 
 - the port is bound before the URL is printed: a busy port is one line and exit 2, and the printed
@@ -29,8 +29,8 @@ from socketserver import ThreadingMixIn
 from typing import Any, TextIO
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from sweep import artifacts
-from sweep import storage as st
+from sweep import store as st
+from sweep.store import artifacts
 
 METRIC_NAMES = ["val_bpb"]
 

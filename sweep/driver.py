@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts as art
-from sweep import storage as st
-from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
+from sweep import store as st
 from sweep.neuron import WarmPicker
-from sweep.spec import StudySpec, build_pruner, build_sampler
+from sweep.spec import StudySpec, build_pruner, build_sampler, spec_hash
 from sweep.spec import objective as obj
 from sweep.spec.space import ConstraintViolation
+from sweep.store import artifacts as art
+from sweep.store.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
 from sweep.study import best_trial
 from sweep.worker import (
     ATTR_DRIVER,
@@ -85,7 +85,7 @@ def needs_retry(t: Any) -> bool:
 
 
 def artifacts_root(spec: StudySpec) -> Path:
-    """Where trials keep their working files (uploads go to the artifact store, see sweep.artifacts)."""
+    """Where trials keep their working files (uploads go to the artifact store, see sweep.store.artifacts)."""
     return art.scratch_root(art.artifacts_url(spec.artifacts))
 
 
@@ -109,7 +109,7 @@ class Driver:
         self.out = out or sys.stdout
         self.poll_s = poll_s
         self.url = st.resolve_url(spec.storage)
-        self.spec_hash = art.spec_hash(spec.path)
+        self.spec_hash = spec_hash(spec.path)
         self.run_id = uuid.uuid4().hex[:8]
         self.identity = {**host_identity(), "run": self.run_id}
         self.inflight: dict[Any, _InFlight] = {}

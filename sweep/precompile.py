@@ -273,7 +273,7 @@ def _remember(spec: Any, url: str, keys: list[str]) -> None:
     """Store the compiled keys on the study (creating it if need be) for the driver's warm preference."""
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = st.open_storage(url)

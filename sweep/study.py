@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sweep import storage as st
+from sweep import store as st
 from sweep.spec import StudySpec
 from sweep.spec import objective as obj
 

@@ -40,13 +40,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from sweep import artifacts
-from sweep import storage as st
-from sweep.artifacts import code_version
+from sweep import store as st
 from sweep.neuron import LaunchError, TrialLaunch
 from sweep.reaper import TOKEN_VAR, kill_trial, tagged_pids
 from sweep.spec import objective as obj
 from sweep.spec.limits import is_oom, preexec
+from sweep.store import artifacts
+from sweep.store.artifacts import code_version
 
 log = logging.getLogger("sweep.worker")
 
@@ -581,7 +581,7 @@ def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervis
 
 
 def _upload(study: Any, trial: Any, task: TrialTask, out: Outcome, work: Path) -> None:
-    """Upload the trial's files to the artifact store (see :mod:`sweep.artifacts`); never fails the trial."""
+    """Upload the trial's files to the artifact store (see :mod:`sweep.store.artifacts`); never fails the trial."""
     if not task.artifact_store:
         return
     try:

@@ -170,6 +170,6 @@ def run_sweep(*args: str, env: Mapping[str, str], timeout: float = 300) -> subpr
 def load_trials(storage: str, study: str) -> list[Any]:
     import optuna
 
-    from sweep import storage as st
+    from sweep import store as st
 
     return optuna.load_study(study_name=study, storage=st.open_storage(storage)).get_trials(deepcopy=False)

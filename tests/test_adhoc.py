@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from sweep import artifacts as art
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import counts
+from sweep.spec import spec_hash
+from sweep.store import artifacts as art
 from tests.sweep_fixtures import (
     ROOT,
     load_trials,
@@ -259,7 +260,7 @@ def test_ray_job_submit_runs_an_adhoc_trial_into_the_study(ray_head, tmp_path, d
         (t,) = load_trials(url, "jobs")
         assert t.state.name == "COMPLETE" and t.params == GOOD and t.user_attrs["adhoc"] is True
         assert printed["number"] == t.number and printed["state"] == "COMPLETE" and printed["val_bpb"] == t.value
-        assert t.user_attrs["spec_hash"] == art.spec_hash(spec)
+        assert t.user_attrs["spec_hash"] == spec_hash(spec)
         assert t.user_attrs["git_commit"] == commit and t.user_attrs["git_dirty"] is dirty
         names = {m["filename"] for m in art.list_artifacts(t)}
         assert names == {"config.json", "trainer.log", "events.jsonl", "result.json", "final.pt"}

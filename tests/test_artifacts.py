@@ -11,9 +11,10 @@ import optuna
 import pytest
 from optuna.artifacts import download_artifact
 
-from sweep import artifacts as art
-from sweep import storage as st
+from sweep import store as st
 from sweep import worker
+from sweep.spec import spec_hash
+from sweep.store import artifacts as art
 from tests.sweep_fixtures import ROOT, tiny_spec, write_spec
 
 
@@ -170,9 +171,9 @@ def test_spec_hash_ignores_layout_but_not_values(tmp_path):
     c = write_spec(tmp_path, "c", {**sections, "study": {**sections["study"], "n_trials": 5}})
     d = tmp_path / "d.toml"
     d.write_text('extends = "a"\n')
-    assert art.spec_hash(a) == art.spec_hash(b) == art.spec_hash(d) != art.spec_hash(c)
-    assert len(art.spec_hash(a)) == 16
-    assert art.spec_hash(tmp_path / "gone.toml") == "unknown"
+    assert spec_hash(a) == spec_hash(b) == spec_hash(d) != spec_hash(c)
+    assert len(spec_hash(a)) == 16
+    assert spec_hash(tmp_path / "gone.toml") == "unknown"
 
 
 def test_prefixed_store_keys():

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from sweep import artifacts as art
 from sweep import cli, dashboard
-from sweep import storage as st
+from sweep import store as st
+from sweep.spec import spec_hash
+from sweep.store import artifacts as art
 from tests.sweep_fixtures import ROOT, pg_available, pg_database, run_sweep, sweep_cmd, sweep_env, tiny_spec, write_spec
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -83,7 +84,7 @@ def test_api_lists_the_study_its_trials_and_their_learning_curves(swept, server)
         for key in ("git_commit", "spec_hash", "tokens_per_second", "steps", "startup_seconds", "train_seconds",
                     "device", "val_bpb"):
             assert key in attrs, key
-        assert attrs["spec_hash"] == art.spec_hash(swept.spec)
+        assert attrs["spec_hash"] == spec_hash(swept.spec)
         assert re.fullmatch(r"[0-9a-f]{40}", attrs["git_commit"])
         assert {p["name"] for p in t["params"]} == {"depth", "model_dim", "matrix_lr"}
     assert _get(f"{server}/api/studies/{sid}/param_importances")[0] == 200

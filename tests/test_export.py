@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from sweep import cli
-from sweep import storage as st
-from sweep.artifacts import code_version
+from sweep import store as st
 from sweep.ship import bundle
+from sweep.store.artifacts import code_version
 from tests.sweep_fixtures import tiny_spec, write_spec
 
 PARAMS = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}

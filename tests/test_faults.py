@@ -31,7 +31,7 @@ from typing import Any
 import optuna
 import pytest
 
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import Driver, counts, needs_retry
 from sweep.spec import load
 from tests.sweep_fixtures import (
@@ -591,7 +591,8 @@ def test_worker_cache_reads_new_trials_at_once_and_running_ones_within_its_refre
 
 
 def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypatch):
-    monkeypatch.setattr(st, "WORKER_REFRESH_S", 0.0)  # every read full: the pruner sees trials told just now
+    # Every read full: the pruner sees trials told just now.
+    monkeypatch.setattr("sweep.store.opening.WORKER_REFRESH_S", 0.0)
     study = optuna.create_study(study_name="proxied", storage=st.open_storage(pg_url),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
     proxy = st.StorageProxy(pg_url)

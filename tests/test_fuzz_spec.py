@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.spec import SpecError, expr, load, parse
 from sweep.spec.space import SpaceError
 from sweep.study import UsageError

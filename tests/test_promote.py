@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.ship import promote
 from sweep.spec import load
 from sweep.spec import objective as obj

@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.ship.replay import components, recorded_trials, replay
 from sweep.spec import Component, load
 from tests.conftest import subprocess_env

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep import storage as st
+from sweep import store as st
 from tests.sweep_fixtures import (
     PG_ADMIN,
     ROOT,

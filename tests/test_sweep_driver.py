@@ -13,7 +13,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweep import driver as drv
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import Driver, counts, needs_retry
 from sweep.spec import load
 from sweep.worker import ATTR_DRIVER, ATTR_HEARTBEAT, host_identity

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import Driver, counts
 from sweep.spec import load
 from tests.sweep_fixtures import (

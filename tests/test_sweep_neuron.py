@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from sweep import neuron, precompile, worker
-from sweep import storage as st
+from sweep import store as st
 from sweep.spec import SpecError, load
 from sweep.worker import Supervisor, TrialTask, run_trial
 from tests.sweep_fixtures import FIXED, ROOT, tiny_spec, write_spec

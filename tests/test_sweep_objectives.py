@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from sweep.driver import Driver, SweepAborted
 from sweep.spec import load
 from sweep.spec import objective as obj

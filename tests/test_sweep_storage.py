@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy.exc
 
 from sweep import cli
-from sweep import storage as st
+from sweep import store as st
 from tests.sweep_fixtures import pg_available, pg_database, run_sweep, sweep_env, tiny_spec, write_spec
 
 needs_pg = pytest.mark.skipif(not pg_available(), reason="PostgreSQL on 127.0.0.1:5432 is not running")

@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep import storage as st
+from sweep import store as st
 from sweep.worker import ATTR_STARTED, Reporter, Supervisor, TrialTask, run_trial
 from tests.sweep_fixtures import ROOT, processes_with, wait_for
 

@@ -3,7 +3,7 @@
 #
 # - listens on the head's private address; pg_hba admits the study role from the VPC only, with a
 #   password (scram-sha-256); the security group already limits the port to cluster members;
-# - max_connections 400: every worker holds up to 3 connections (sweep/storage.py), 64 workers ~ 200;
+# - max_connections 400: every worker holds up to 3 connections (sweep/store/opening.py), 64 workers ~ 200;
 # - the generated password goes to ~/.trnsweep/db.json (mode 600, RDS-style JSON), never to argv,
 #   the cluster config or a log. The driver reads it with SWEEP_DB_SECRET=file:~/.trnsweep/db.json.
 # The data lives on the head's disk and dies with `ray down`: dump it first (docs/aws.md).

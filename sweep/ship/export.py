@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import neuron
-from sweep.artifacts import code_version
 from sweep.ship import bundle
 from sweep.spec import objective as obj
+from sweep.store.artifacts import code_version
 from sweep.study import best_trial, fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit

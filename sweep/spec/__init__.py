@@ -19,7 +19,7 @@ from sweep.spec.components import (
     read_pruner,
     read_sampler,
 )
-from sweep.spec.files import STUDIES_DIR, SpecError, SpecReader, read_spec_file, resolve_path
+from sweep.spec.files import STUDIES_DIR, SpecError, SpecReader, read_spec_file, resolve_path, spec_hash
 from sweep.spec.studyspec import Resources, StudySpec, load, parse
 
 __all__ = [
@@ -40,4 +40,5 @@ __all__ = [
     "read_sampler",
     "read_spec_file",
     "resolve_path",
+    "spec_hash",
 ]

@@ -7,6 +7,8 @@ replay's command-line options, read like a spec table) report mistakes the same 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import tomllib
@@ -137,3 +139,16 @@ class SpecReader:
         if default is ...:
             raise self.error(key, "missing")
         return default
+
+
+def spec_hash(path: str | os.PathLike[str]) -> str:
+    """A short hash of the study spec as loaded (``extends`` merged; comments and layout ignored).
+
+    Two trials with the same hash ran under the same spec, whatever file names or formatting.
+    """
+    try:
+        data = read_spec_file(Path(path), ())
+    except SpecError:  # the file went away after it was loaded; say so rather than stop a sweep
+        return "unknown"
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

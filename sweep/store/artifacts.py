@@ -21,11 +21,13 @@ best keeps its own (deleting it would race with anyone downloading it).
 
 optuna-dashboard lists the uploads of each trial (trial system attributes ``artifacts:ID``) and
 serves them from the same store (``python -m sweep dashboard``).
+
+``optuna.artifacts`` and ``boto3`` are imported inside the functions (start-up time of commands that
+upload nothing).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -33,12 +35,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from sweep.store._optuna import study_id, study_storage
+
 ENV_ARTIFACTS = "SWEEP_ARTIFACTS"
 DEFAULT_ARTIFACTS = "runs/artifacts"
 STORE_DIR = "_store"  # under a local artifacts directory, beside the STUDY/NUMBER working dirs
 ENV_GIT_COMMIT = "SWEEP_GIT_COMMIT"  # wins over git, for code shipped without its .git
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Explicit types so the dashboard shows logs as text (and .pt is not taken for a SNES page table).
 MIME_TYPES = {".log": "text/plain", ".jsonl": "text/plain", ".json": "application/json",
               ".pt": "application/octet-stream"}
@@ -134,7 +138,7 @@ def beats_best(study: Any, value: float) -> bool:
     from optuna.study import StudyDirection
 
     try:
-        best = study._storage.get_best_trial(study._study_id)
+        best = study_storage(study).get_best_trial(study_id(study))
     except ValueError:  # no complete trial yet
         return True
     if best.value is None:
@@ -173,18 +177,3 @@ def code_version(root: Path = REPO_ROOT) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": "unknown"}
     return {"git_commit": commit, "git_dirty": dirty}
-
-
-def spec_hash(path: Path) -> str:
-    """A short hash of the study spec as loaded (``extends`` merged; comments and layout ignored).
-
-    Two trials with the same hash ran under the same spec, whatever file names or formatting.
-    """
-    from sweep.spec import SpecError, read_spec_file
-
-    try:
-        data = read_spec_file(Path(path), ())
-    except SpecError:  # the file went away after it was loaded; say so rather than stop a sweep
-        return "unknown"
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
