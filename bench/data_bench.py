@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from model.corpus import iter_documents
 from model.data import BatchLoader, Dataset, Tokenizer, load_dataset
-from model.shards import write_token_shard
+from model.data.shards import write_token_shard
+from model.data.source import iter_documents
 
 REPS = 5
 CPU_TRAINER_TOKENS_PER_S = 100_000  # the top of the trainer's CPU consumption (see module doc)

@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.data import BatchLoader, DataError, Dataset, Tokenizer, load_dataset, validation_batches
-from model.packing import DocPacker
-from model.shards import TokenShard, write_token_shard
+from model.data.packing import DocPacker
+from model.data.shards import TokenShard, write_token_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 512

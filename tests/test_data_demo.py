@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from model.data import BatchLoader, load_dataset, validation_batches
-from model.democorpus import SHARDS, build_demo_corpus
+from model.data.demo_text import SHARDS, build_demo_corpus
 
 
 @pytest.fixture

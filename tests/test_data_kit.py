@@ -1,6 +1,6 @@
 """The competition-kit adapter, against a stand-in prepare.py that implements the kit's documented functions.
 
-The real kit is not public; FAKE_PREPARE follows what is known of it (model/kit.py's module doc): a
+The real kit is not public; FAKE_PREPARE follows what is known of it (model/data/kit.py's module doc): a
 tiktoken tokenizer with four reserved specials, BOS = <|reserved_0|>, make_dataloader yielding
 (x int32, y int64, state), get_token_bytes and evaluate_bpb.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model.data import BatchLoader, DataError, load_dataset, validation_batches
-from model.kit import ENV_VAR, KitBatchLoader, KitData, load_kit
+from model.data.kit import ENV_VAR, KitBatchLoader, KitData, load_kit
 
 FAKE_PREPARE = textwrap.dedent(
     '''

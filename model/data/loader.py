@@ -5,8 +5,8 @@
     x, y = next(loader)          # int64 (B, T) each, y = x shifted by one
     val = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=N, rank=r, world_size=W)
 
-Sources and their formats: model.corpus; tokenizer files: model.tokenizer; token shards: model.shards;
-packing: model.packing; the demo corpus: model.democorpus; the competition kit: model.kit.
+Sources and their formats: model.data.source; tokenizer files: model.data.tokenizer; token shards: model.data.shards;
+packing: model.data.packing; the demo corpus: model.data.demo_text; the competition kit: model.data.kit.
 
 Cache layout under cache_dir (default runs/cache; the demo corpus goes to cache_dir/../data/demo):
     tokenizers/<key>.json       a trained tokenizer, key = (training files' content, vocab_size, sample)
@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.corpus import SourceFiles, resolve_source, sample_texts
-from model.dataio import DataError, build_once, digest, file_fingerprint
-from model.democorpus import build_demo_corpus
-from model.packing import CROP_MODES, DocPacker, DocTable
-from model.shards import TokenShard, pretokenize
-from model.tokenizer import Tokenizer
+from model.data.demo_text import build_demo_corpus
+from model.data.files import DataError, build_once, digest, file_fingerprint
+from model.data.packing import CROP_MODES, DocPacker, DocTable
+from model.data.shards import TokenShard, pretokenize
+from model.data.source import SourceFiles, resolve_source, sample_texts
+from model.data.tokenizer import Tokenizer
 
 __all__ = [
     "BatchLoader",
@@ -143,17 +143,17 @@ def load_dataset(
     """Resolve `source`, get its tokenizer, tokenise it once into the cache and map it.
 
     source: None or "demo" for the demo corpus (built on first use); "kit" or "kit:PATH" for the
-    competition kit's prepare.py ($TRNSWEEP_KIT_PREPARE or PATH; returns a model.kit.KitData, and the
+    competition kit's prepare.py ($TRNSWEEP_KIT_PREPARE or PATH; returns a model.data.kit.KitData, and the
     other arguments but vocab_size, checked, are unused); else a directory, a glob or a file of
     .parquet (column `column`) or .txt documents, or of .tok token shards (then `tokenizer` is required).
     The last shard in sorted order is validation unless val_shard names a file or a shard.
     tokenizer: None to train a BPE of vocab_size tokens on the first sample_chars characters of the
-    training shards (cached), else a Tokenizer or a tokenizer file (formats: model.tokenizer); when
+    training shards (cached), else a Tokenizer or a tokenizer file (formats: model.data.tokenizer); when
     both are given, vocab_size must match the file's or be None.
     Raises DataError (one line naming the file and the cause) for any problem with the data.
     """
     if source is not None and (os.fspath(source) == "kit" or os.fspath(source).startswith("kit:")):
-        from model.kit import load_kit
+        from model.data.kit import load_kit
 
         kit = load_kit(os.fspath(source)[4:] or None)
         if vocab_size is not None and kit.vocab_size != vocab_size:
@@ -216,12 +216,12 @@ class BatchLoader:
 
     x and y are views of one (B, T+1) tensor of packed rows (y = row[:, 1:]); every row starts with BOS.
     See the module doc for how ranks split the row stream and what `position` means. Given a KitData
-    (model.kit) instead of a Dataset, the constructor returns the kit's loader behind the same interface.
+    (model.data.kit) instead of a Dataset, the constructor returns the kit's loader behind the same interface.
     """
 
     def __new__(cls, ds: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(ds, "is_kit", False):
-            from model.kit import KitBatchLoader
+            from model.data.kit import KitBatchLoader
 
             return KitBatchLoader(ds, *args, **kwargs)
         return super().__new__(cls)

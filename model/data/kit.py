@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from model.dataio import DataError, digest
-from model.tokenizer import Tokenizer
+from model.data.files import DataError, digest
+from model.data.tokenizer import Tokenizer
 
 __all__ = ["ENV_VAR", "KitBatchLoader", "KitData", "KitTokenizer", "load_kit"]
 
@@ -53,7 +53,7 @@ def _call(fn: Callable[..., Any], *args: Any, **optional: Any) -> Any:
 
 
 class KitTokenizer:
-    """The kit's tokenizer behind the interface of model.tokenizer.Tokenizer."""
+    """The kit's tokenizer behind the interface of model.data.tokenizer.Tokenizer."""
 
     def __init__(self, kit_tokenizer: Any) -> None:
         self.kit = kit_tokenizer

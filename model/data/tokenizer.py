@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from model.dataio import DataError, build_once, digest
+from model.data.files import DataError, build_once, digest
 
 __all__ = ["BOS_TOKEN", "SPLIT_PATTERN", "Tokenizer"]
 
