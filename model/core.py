@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
-from model.data.files import DataError
+from model.data import DataError
 
 __all__ = ["KINDS", "CoreResult", "Task", "bucket_lengths", "evaluate_core", "fewshot_indices", "fit_row",
            "load_bundle", "task_rows"]

@@ -27,8 +27,7 @@ import torch
 
 from model import device as devices
 from model.config import RunConfig
-from model.data.files import DataError
-from model.data.tokenizer import Tokenizer
+from model.data import DataError, Tokenizer
 from model.democore import resolve_bundle
 from model.evaluate import CoreResult, evaluate_core, load_bundle
 
