@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from model.corpus import iter_documents
-from model.data import BatchLoader, Dataset, Tokenizer, load_dataset
-from model.shards import write_token_shard
+from model.data import BatchLoader, TokenDataset, Tokenizer, load_dataset
+from model.data.shards import write_token_shard
+from model.data.source import iter_documents
 
 REPS = 5
 CPU_TRAINER_TOKENS_PER_S = 100_000  # the top of the trainer's CPU consumption (see module doc)
@@ -39,7 +39,7 @@ def _median_rate(work: Callable[[], float], min_seconds: float = 0.3) -> tuple[f
     return statistics.median(rates), rates
 
 
-def bench_loader(ds: Dataset, batch_size: int, seq_len: int, world_size: int = 1) -> dict[str, Any]:
+def bench_loader(ds: TokenDataset, batch_size: int, seq_len: int, world_size: int = 1) -> dict[str, Any]:
     loader = BatchLoader(ds, batch_size, seq_len, rank=0, world_size=world_size)
     for _ in range(5):
         next(loader)
@@ -61,7 +61,7 @@ def bench_loader(ds: Dataset, batch_size: int, seq_len: int, world_size: int = 1
     }
 
 
-def bench_resume(ds: Dataset, batch_size: int, seq_len: int) -> dict[str, Any]:
+def bench_resume(ds: TokenDataset, batch_size: int, seq_len: int) -> dict[str, Any]:
     rows = 20_000
     t0 = time.perf_counter()
     BatchLoader(ds, batch_size, seq_len, position=rows)
@@ -92,7 +92,7 @@ def bench_train(texts: list[str], vocab_size: int) -> dict[str, Any]:
     }
 
 
-def bench_pretokenize(ds: Dataset, src: Path, text_mb: float) -> dict[str, Any]:
+def bench_pretokenize(ds: TokenDataset, src: Path, text_mb: float) -> dict[str, Any]:
     """Parquet shard to token shard, end to end (read, encode on all cores, write)."""
     seconds = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
-from model.dataio import DataError
+from model.data import DataError
 
 __all__ = ["KINDS", "CoreResult", "Task", "bucket_lengths", "evaluate_core", "fewshot_indices", "fit_row",
            "load_bundle", "task_rows"]
@@ -68,7 +68,7 @@ LAG_ROUNDS = 4  # how many rounds a slowly filling bucket may fall behind before
 
 
 class TextEncoder(Protocol):
-    """What CORE needs of a tokenizer (model.tokenizer.Tokenizer and the kit's both qualify)."""
+    """What CORE needs of a tokenizer (model.data.tokenizer.Tokenizer and the kit's both qualify)."""
 
     bos_id: int
 

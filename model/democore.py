@@ -22,8 +22,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from model.dataio import build_once
-from model.democorpus import build_demo_corpus
+from model.data.demo_text import build_demo_corpus
+from model.data.files import build_once
 
 __all__ = ["DEMO_CORE_VERSION", "build_demo_bundle", "resolve_bundle"]
 

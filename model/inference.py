@@ -27,10 +27,9 @@ import torch
 
 from model import device as devices
 from model.config import RunConfig
-from model.dataio import DataError
+from model.data import DataError, Tokenizer
 from model.democore import resolve_bundle
 from model.evaluate import CoreResult, evaluate_core, load_bundle
-from model.tokenizer import Tokenizer
 
 
 class InputError(ValueError):

@@ -35,6 +35,7 @@ import torch.distributed as dist  # noqa: E402
 
 from model import device as devices  # noqa: E402
 from model.config import ConfigError, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
+from model.data import BatchLoader, DataError, load_dataset, validation_batches  # noqa: E402
 from model.evaluate import evaluate_bpb, evaluate_core, load_bundle  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
@@ -182,8 +183,6 @@ def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
 
 
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None) -> dict[str, Any]:
-    from model.data import BatchLoader, load_dataset, validation_batches
-
     run = cfg.run
     if run.num_threads > 0:
         torch.set_num_threads(run.num_threads)
@@ -398,8 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-    from model.data import DataError
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from model.tokenizer import Tokenizer
+from model.data import Tokenizer
 
 BYTE_VOCAB = 257
 

@@ -14,7 +14,7 @@ import torch
 from model import core
 from model.config import ConfigError, parse_config
 from model.core import bucket_lengths, evaluate_core, fewshot_indices, fit_row, load_bundle, task_rows
-from model.dataio import DataError
+from model.data import DataError
 from model.democore import build_demo_bundle
 from model.evaluate import evaluate_core as exposed
 from tests.core_bundle import (

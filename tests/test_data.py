@@ -22,9 +22,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.data import BatchLoader, DataError, Dataset, Tokenizer, load_dataset, validation_batches
-from model.packing import DocPacker
-from model.shards import TokenShard, write_token_shard
+from model.data import BatchLoader, DataError, TokenDataset, Tokenizer, load_dataset, validation_batches
+from model.data.packing import DocPacker
+from model.data.shards import TokenShard, write_token_shard
+from tests.dataset_contract import assert_is_dataset, assert_protocol_is_exactly_members
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 512
@@ -57,7 +58,7 @@ def cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ds(corpus, cache) -> Dataset:
+def ds(corpus, cache) -> TokenDataset:
     return load_dataset(str(corpus), VOCAB, cache_dir=cache)
 
 
@@ -205,6 +206,22 @@ def test_pretokenized_source_needs_its_own_tokenizer(ds, tok, tmp_path):
     assert_one_line_naming(err, shards)
 
 
+def test_every_token_dataset_kind_satisfies_the_dataset_protocol(ds, tmp_path):
+    """parquet, .txt and .tok sources (the demo corpus: test_data_demo.py; the kit: test_data_kit.py)."""
+    assert_is_dataset(ds, is_kit=False)
+    assert_protocol_is_exactly_members(ds)
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "tok").mkdir()
+    paras = paragraphs()
+    for i in range(2):
+        (tmp_path / "txt" / f"part{i}.txt").write_text("\n\n".join(paras[i::2]) + "\n", encoding="utf-8")
+    for s in [*ds.train_shards, ds.val_shard]:
+        (tmp_path / "tok" / s.path.name).write_bytes(s.path.read_bytes())
+    for kind in ("txt", "tok"):
+        d = load_dataset(str(tmp_path / kind), None, cache_dir=tmp_path / "cache", tokenizer=ds.tokenizer)
+        assert_is_dataset(d, is_kit=False)
+
+
 def test_vocab_size_must_match_a_given_tokenizer(ds, corpus, tmp_path):
     tok_file = ds.tokenizer.save(tmp_path / "tok.json")
     with pytest.raises(DataError) as err:
@@ -245,7 +262,7 @@ def test_shard_tokens_outside_the_vocabulary_are_caught_when_read(ds, tmp_path, 
     shard = TokenShard.open(big_vocab_shard)
     # Pretend the shard came with the small tokenizer: the header check is bypassed, the reader still refuses.
     shard.vocab_size = small.vocab_size
-    fake = Dataset(small, [shard], shard, "x", "test", torch.from_numpy(small.token_bytes()))
+    fake = TokenDataset(small, [shard], shard, "x", "test", torch.from_numpy(small.token_bytes()))
     loader = BatchLoader(fake, 8, 64)
     with pytest.raises(DataError) as err:
         for _ in range(50):
@@ -309,7 +326,7 @@ def test_too_little_text_for_the_vocabulary(tmp_path):
 # --- training batches ------------------------------------------------------------------------------------
 
 
-def doc_token_set(ds: Dataset) -> set[tuple[int, ...]]:
+def doc_token_set(ds: TokenDataset) -> set[tuple[int, ...]]:
     docs = set()
     for s in ds.train_shards:
         tokens = np.asarray(s.tokens)
@@ -518,7 +535,7 @@ def test_data_error_pickles():
 
 
 def test_cli_builds_and_describes(corpus, cache, capsys):
-    from model.data import main
+    from model.data.__main__ import main
 
     assert main([str(corpus), "--vocab-size", str(VOCAB), "--cache-dir", str(cache)]) == 0
     assert f'"vocab_size": {VOCAB}' in capsys.readouterr().out

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from model.data import BatchLoader, load_dataset, validation_batches
-from model.democorpus import SHARDS, build_demo_corpus
+from model.data.demo_text import SHARDS, build_demo_corpus
+from tests.dataset_contract import assert_is_dataset
 
 
 @pytest.fixture
@@ -55,3 +56,4 @@ def test_demo_dataset_end_to_end(tmp_path, no_network):
 
     again = load_dataset("demo", 2048, cache_dir=cache)  # cached: same files, same fingerprint
     assert again.fingerprint == ds.fingerprint
+    assert_is_dataset(ds, is_kit=False)

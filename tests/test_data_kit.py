@@ -1,6 +1,6 @@
 """The competition-kit adapter, against a stand-in prepare.py that implements the kit's documented functions.
 
-The real kit is not public; FAKE_PREPARE follows what is known of it (model/kit.py's module doc): a
+The real kit is not public; FAKE_PREPARE follows what is known of it (model/data/kit.py's module doc): a
 tiktoken tokenizer with four reserved specials, BOS = <|reserved_0|>, make_dataloader yielding
 (x int32, y int64, state), get_token_bytes and evaluate_bpb.
 """
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from model.data import BatchLoader, DataError, load_dataset, validation_batches
-from model.kit import ENV_VAR, KitBatchLoader, KitData, load_kit
+from model.data.kit import ENV_VAR, KitBatchLoader, KitData, load_kit
+from tests.dataset_contract import assert_is_dataset, assert_protocol_is_exactly_members
 
 FAKE_PREPARE = textwrap.dedent(
     '''
@@ -123,6 +124,13 @@ def test_load_kit_exposes_the_dataset_interface(prepare, monkeypatch):
     assert load_kit().fingerprint == kit.fingerprint
     assert load_dataset("kit", 260).fingerprint == kit.fingerprint
     assert load_dataset(f"kit:{prepare}", None).fingerprint == kit.fingerprint
+
+
+def test_the_kit_adapter_satisfies_the_dataset_protocol(prepare):
+    kit = load_dataset(f"kit:{prepare}", 260)
+    assert isinstance(kit, KitData)
+    assert_is_dataset(kit, is_kit=True)
+    assert_protocol_is_exactly_members(kit)
 
 
 def test_kit_batches_and_resume(prepare):

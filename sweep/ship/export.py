@@ -49,7 +49,7 @@ COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit
 COMPETITION_VOCAB = 8192  # TOKENIZER_VOCAB_SIZE of the kit
 COMPETITION_RANKS = (1, 4, 8)
 OVERRIDES_ENV = "TRAIN_OVERRIDES"
-KIT_ENV = "TRNSWEEP_KIT_PREPARE"  # model.kit.ENV_VAR (sweep does not import model)
+KIT_ENV = "TRNSWEEP_KIT_PREPARE"  # model.data.kit.ENV_VAR (sweep does not import model)
 
 # Trainer keys that belong to the machine, not the configuration: what a submission runs with, and why.
 SUBMISSION: dict[str, tuple[Any, str]] = {

@@ -13,6 +13,9 @@ Files accepted by Tokenizer.load (a folder is searched for tokenizer.json, then 
   is SPLIT_PATTERN unless given, and BOS is appended after the highest rank.
 BOS is the special named by `bos_token`, else the first present of <|bos|>, <|reserved_0|> (the kit's
 name) and <|endoftext|>.
+
+This is the one module that reads tiktoken's private fields (_special_tokens, _mergeable_ranks, _pat_str:
+tiktoken has no public accessors for them); the kit adapter goes through special_tokens() below.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import os
 import pickle
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tiktoken
 
-from model.dataio import DataError, build_once, digest
+from model.data.files import DataError, build_once, digest
 
-__all__ = ["BOS_TOKEN", "SPLIT_PATTERN", "Tokenizer"]
+__all__ = ["BOS_TOKEN", "SPLIT_PATTERN", "Tokenizer", "special_tokens"]
 
 SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}|"""
@@ -42,6 +46,11 @@ BOS_CANDIDATES = (BOS_TOKEN, "<|reserved_0|>", "<|endoftext|>")
 FORMAT = "trnsweep-tokenizer"
 FORMAT_VERSION = 1
 MIN_VOCAB = 257  # 256 bytes + BOS
+
+
+def special_tokens(enc: Any) -> dict[str, int] | None:
+    """The special-token name -> id map of a tiktoken Encoding; None when `enc` has none."""
+    return getattr(enc, "_special_tokens", None)  # tiktoken keeps no public name -> id map
 
 
 class _EncodingUnpickler(pickle.Unpickler):

@@ -1,12 +1,14 @@
-"""The trainer's data: a corpus, its tokenizer, fixed-shape training batches and the validation rows.
+"""The data path's last step: a corpus opened as a TokenDataset, its training batches, its validation rows.
 
-    ds = load_dataset(source, vocab_size, cache_dir="runs/cache", tokenizer=None, val_shard=None)
+    ds = load_token_dataset(source, vocab_size, cache_dir="runs/cache", tokenizer=None, val_shard=None)
     loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=r, world_size=W, position=p, seed=0)
     x, y = next(loader)          # int64 (B, T) each, y = x shifted by one
     val = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=N, rank=r, world_size=W)
 
-Sources and their formats: model.corpus; tokenizer files: model.tokenizer; token shards: model.shards;
-packing: model.packing; the demo corpus: model.democorpus; the competition kit: model.kit.
+The trainer calls these through model.data (load_dataset there also opens the competition kit, whose
+KitData BatchLoader and validation_batches hand to model.data.kit). Sources and their formats:
+model.data.source; tokenizer files: model.data.tokenizer; token shards: model.data.shards; packing:
+model.data.packing; the demo corpus: model.data.demo_text.
 
 Cache layout under cache_dir (default runs/cache; the demo corpus goes to cache_dir/../data/demo):
     tokenizers/<key>.json       a trained tokenizer, key = (training files' content, vocab_size, sample)
@@ -27,11 +29,7 @@ seeded by (seed, epoch).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,20 +37,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.corpus import SourceFiles, resolve_source, sample_texts
-from model.dataio import DataError, build_once, digest, file_fingerprint
-from model.democorpus import build_demo_corpus
-from model.packing import CROP_MODES, DocPacker, DocTable
-from model.shards import TokenShard, pretokenize
-from model.tokenizer import Tokenizer
+from model.data.demo_text import build_demo_corpus
+from model.data.files import DataError, build_once, digest, file_fingerprint
+from model.data.kit import KitBatchLoader, KitData
+from model.data.packing import CROP_MODES, DocPacker, DocTable
+from model.data.shards import TokenShard, pretokenize
+from model.data.source import SourceFiles, resolve_source, sample_texts
+from model.data.tokenizer import Tokenizer
 
 __all__ = [
+    "DEFAULT_CACHE",
+    "IGNORE_INDEX",
     "BatchLoader",
-    "DataError",
-    "Dataset",
-    "Tokenizer",
-    "load_dataset",
+    "TokenDataset",
+    "load_token_dataset",
     "validation_batches",
+    "validation_rows",
 ]
 
 DEFAULT_CACHE = "runs/cache"
@@ -62,7 +62,7 @@ IGNORE_INDEX = -1
 
 
 @dataclass(eq=False)
-class Dataset:
+class TokenDataset:
     """A tokenised corpus: the memory-mapped training shards, the validation shard and the tokenizer."""
 
     tokenizer: Tokenizer
@@ -130,7 +130,7 @@ def _train_tokenizer(
     return Tokenizer.load(path)
 
 
-def load_dataset(
+def load_token_dataset(
     source: str | os.PathLike[str] | None = None,
     vocab_size: int | None = 8192,
     cache_dir: str | os.PathLike[str] = DEFAULT_CACHE,
@@ -139,28 +139,17 @@ def load_dataset(
     *,
     column: str = "text",
     sample_chars: int = DEFAULT_SAMPLE_CHARS,
-) -> Dataset:
+) -> TokenDataset:
     """Resolve `source`, get its tokenizer, tokenise it once into the cache and map it.
 
-    source: None or "demo" for the demo corpus (built on first use); "kit" or "kit:PATH" for the
-    competition kit's prepare.py ($TRNSWEEP_KIT_PREPARE or PATH; returns a model.kit.KitData, and the
-    other arguments but vocab_size, checked, are unused); else a directory, a glob or a file of
+    source: None or "demo" for the demo corpus (built on first use); else a directory, a glob or a file of
     .parquet (column `column`) or .txt documents, or of .tok token shards (then `tokenizer` is required).
     The last shard in sorted order is validation unless val_shard names a file or a shard.
     tokenizer: None to train a BPE of vocab_size tokens on the first sample_chars characters of the
-    training shards (cached), else a Tokenizer or a tokenizer file (formats: model.tokenizer); when
+    training shards (cached), else a Tokenizer or a tokenizer file (formats: model.data.tokenizer); when
     both are given, vocab_size must match the file's or be None.
     Raises DataError (one line naming the file and the cause) for any problem with the data.
     """
-    if source is not None and (os.fspath(source) == "kit" or os.fspath(source).startswith("kit:")):
-        from model.kit import load_kit
-
-        kit = load_kit(os.fspath(source)[4:] or None)
-        if vocab_size is not None and kit.vocab_size != vocab_size:
-            raise DataError(
-                kit.path, f"kit tokenizer has {kit.vocab_size} tokens, not the vocab_size {vocab_size} asked"
-            )
-        return kit  # type: ignore[return-value]
     cache = Path(cache_dir)
     if source is None or os.fspath(source) == "demo":
         source = build_demo_corpus(cache.parent / "data" / "demo")
@@ -194,7 +183,7 @@ def load_dataset(
         column,
         size=6,
     )
-    return Dataset(
+    return TokenDataset(
         tokenizer=tok,
         train_shards=shards[:-1],
         val_shard=shards[-1],
@@ -216,19 +205,17 @@ class BatchLoader:
 
     x and y are views of one (B, T+1) tensor of packed rows (y = row[:, 1:]); every row starts with BOS.
     See the module doc for how ranks split the row stream and what `position` means. Given a KitData
-    (model.kit) instead of a Dataset, the constructor returns the kit's loader behind the same interface.
+    (model.data.kit) instead of a TokenDataset, the constructor returns the kit's loader behind the same interface.
     """
 
-    def __new__(cls, ds: Any, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, ds: TokenDataset | KitData, *args: Any, **kwargs: Any) -> Any:
         if getattr(ds, "is_kit", False):
-            from model.kit import KitBatchLoader
-
             return KitBatchLoader(ds, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(
         self,
-        ds: Dataset,
+        ds: TokenDataset,
         batch_size: int,
         seq_len: int,
         rank: int = 0,
@@ -281,7 +268,7 @@ class BatchLoader:
 
 
 def validation_rows(
-    ds: Dataset, seq_len: int, n_tokens: int, *, buffer_docs: int = 1000, crop: str = "drop"
+    ds: TokenDataset, seq_len: int, n_tokens: int, *, buffer_docs: int = 1000, crop: str = "drop"
 ) -> np.ndarray:
     """int64 (rows, T+1): the fixed validation rows, packed like training rows from the validation
     shard in file order, max(1, n_tokens // T) of them (fewer if the shard runs out first)."""
@@ -298,7 +285,7 @@ def validation_rows(
 
 
 def validation_batches(
-    ds: Any,
+    ds: TokenDataset | KitData,
     batch_size: int,
     seq_len: int,
     n_tokens: int,
@@ -333,31 +320,3 @@ def validation_batches(
         batches.append((torch.from_numpy(x), torch.from_numpy(y)))
     return batches
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m model.data [SOURCE]`: build the caches of a source (e.g. before a sweep) and describe it."""
-    parser = argparse.ArgumentParser(prog="python -m model.data", description=main.__doc__)
-    parser.add_argument("source", nargs="?", default="demo")
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--val-shard", default=None)
-    parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    try:
-        ds = load_dataset(
-            args.source,
-            None if args.tokenizer else args.vocab_size,
-            args.cache_dir,
-            args.tokenizer,
-            args.val_shard,
-        )
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps({**ds.describe(), "seconds": round(time.perf_counter() - t0, 3)}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model.dataio import build_once
+from model.data.files import build_once
 
 __all__ = ["DEMO_VERSION", "SHARDS", "build_demo_corpus", "demo_documents"]
 

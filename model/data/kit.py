@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from model.dataio import DataError, digest
-from model.tokenizer import Tokenizer
+from model.data.files import DataError, digest
+from model.data.tokenizer import Tokenizer, special_tokens
 
 __all__ = ["ENV_VAR", "KitBatchLoader", "KitData", "KitTokenizer", "load_kit"]
 
@@ -53,7 +53,7 @@ def _call(fn: Callable[..., Any], *args: Any, **optional: Any) -> Any:
 
 
 class KitTokenizer:
-    """The kit's tokenizer behind the interface of model.tokenizer.Tokenizer."""
+    """The kit's tokenizer behind the interface of model.data.tokenizer.Tokenizer."""
 
     def __init__(self, kit_tokenizer: Any) -> None:
         self.kit = kit_tokenizer
@@ -61,8 +61,9 @@ class KitTokenizer:
         self.bos_id = int(kit_tokenizer.get_bos_token_id())
         self._ours: Tokenizer | None = None
         enc = getattr(kit_tokenizer, "enc", None)
-        if enc is not None and hasattr(enc, "_special_tokens"):
-            names = [n for n, i in enc._special_tokens.items() if i == self.bos_id]
+        specials = special_tokens(enc) if enc is not None else None
+        if specials is not None:
+            names = [n for n, i in specials.items() if i == self.bos_id]
             if names:
                 self._ours = Tokenizer(enc, names[0], "kit")
 

@@ -4,7 +4,7 @@ A source is a directory, a glob or a single file. Accepted files:
 - `.parquet` with a string column `text` (the competition's ClimbMix shards): one document per row, read
   one row group at a time so a shard never has to fit in memory; null and empty rows are skipped.
 - `.txt` (UTF-8): one document per paragraph, paragraphs being separated by blank lines.
-- `.tok`: token shards written by model.shards (already tokenised; a tokenizer must be given with them).
+- `.tok`: token shards written by model.data.shards (already tokenised; a tokenizer must be given with them).
 Files are sorted by path; the last one is the validation shard unless another one is named.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model.dataio import DataError
+from model.data.files import DataError
 
 __all__ = ["SourceFiles", "TEXT_SUFFIXES", "TOKEN_SUFFIX", "iter_documents", "resolve_source", "sample_texts"]
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from model.dataio import DataError
-from model.shards import TokenShard
+from model.data.files import DataError
+from model.data.shards import TokenShard
 
 __all__ = ["CROP_MODES", "DocPacker", "DocTable", "Segments"]
 

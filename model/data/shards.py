@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from model.corpus import iter_documents
-from model.dataio import DataError, build_once, digest, file_fingerprint
-from model.tokenizer import Tokenizer
+from model.data.files import DataError, build_once, digest, file_fingerprint
+from model.data.source import iter_documents
+from model.data.tokenizer import Tokenizer
 
 __all__ = ["HEADER_SIZE", "MAGIC", "TokenShard", "pretokenize", "token_shard_path", "write_token_shard"]
 
