@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels import IMPLS as KERNEL_IMPLS
-from kernels import Ops, get_ops
+from kernels.ops import Ops, get_ops
 
 
 @dataclass
