@@ -1,5 +1,8 @@
 """The trainer's configuration: one flat dict of parameters, split into model, optimiser and run parts.
 
+This module is the one home of the trainer's settings and defaults, and it imports no torch: the sweep
+(study specs, graph keys, exports) reads the same dataclasses without loading the trainer.
+
 The same flat names are used by the study specs, the dashboard and ad-hoc trials, so a sweep point is a
 config as it stands. Unknown keys and values of the wrong type are refused with a ConfigError that names
 the key: a typo in a sweep must never train silently with a default.
@@ -9,12 +12,11 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from model.gpt import GPTConfig
-from model.optim import OptimConfig
+from kernels import IMPLS
 
 
 class ConfigError(ValueError):
@@ -22,7 +24,90 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class GPTConfig:
+    """The model's shape and options (model.gpt builds it; model.counts counts it)."""
+
+    vocab_size: int = 8192
+    depth: int = 4
+    model_dim: int = 0  # 0: derived as depth * aspect_ratio, rounded up to a multiple of head_dim
+    aspect_ratio: int = 64
+    head_dim: int = 64
+    n_kv_head: int = 0  # 0: as many KV heads as query heads (no GQA)
+    mlp_ratio: float = 4.0
+    seq_len: int = 256
+    rope_base: float = 10000.0
+    softcap: float = 15.0  # 0 disables the logit softcap
+    qk_norm: bool = True
+    value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
+    residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
+    head_init_std: float = 0.001
+    kernels: str = "auto"  # torch (plain), reference (autograd Functions), nki (Trainium); auto: nki or torch
+
+    def __post_init__(self) -> None:
+        if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:
+            width = self.depth * self.aspect_ratio
+            self.model_dim = max(self.head_dim, -(-width // self.head_dim) * self.head_dim)
+        if self.n_kv_head == 0 and self.head_dim > 0:
+            self.n_kv_head = self.model_dim // self.head_dim
+        self.validate()
+
+    @property
+    def n_head(self) -> int:
+        return self.model_dim // self.head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(round(self.mlp_ratio * self.model_dim))
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent field: a sweep must learn why a point is invalid."""
+        for name in ("vocab_size", "depth", "model_dim", "head_dim", "n_kv_head", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.model_dim % self.head_dim:
+            raise ValueError(f"model_dim {self.model_dim} is not divisible by head_dim {self.head_dim}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head {self.n_kv_head} does not divide the {self.n_head} query heads")
+        if self.kernels not in IMPLS:
+            raise ValueError(f"kernels must be one of {', '.join(IMPLS)}, got {self.kernels!r}")
+        if self.mlp_ratio <= 0 or self.rope_base <= 0 or self.softcap < 0 or self.head_init_std < 0:
+            raise ValueError("mlp_ratio and rope_base must be positive, softcap and head_init_std >= 0")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class OptimConfig:
+    """Learning rates, Muon/AdamW settings and schedule ratios (model.optim; model.schedule's shapes)."""
+
+    matrix_lr: float = 0.04
+    embedding_lr: float = 0.6
+    unembedding_lr: float = 0.004
+    scalar_lr: float = 0.5
+    weight_decay: float = 0.2  # Muon's, decaying linearly to 0 over the run
+    adam_weight_decay: float = 0.0
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85
+    muon_momentum_warmup_ratio: float = 0.1
+    cautious_wd: bool = True
+    warmup_ratio: float = 0.0
+    warmdown_ratio: float = 0.5
+    final_lr_frac: float = 0.0
+
+
+@dataclass
 class RunConfig:
+    """How a run trains, evaluates and reports: batch, budget, data, device, evaluations, CORE."""
+
     batch_size: int = 16  # sequences per rank per micro-step
     grad_accum: int = 1
     total_batch_tokens: int = 0  # > 0: the global batch in tokens, from which grad_accum is derived per world size
@@ -63,7 +148,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 FAULTS = ("", "hang", "crash", "oom", "diverge", "core_crash")
-
 
 @dataclass
 class TrainConfig:

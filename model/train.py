@@ -34,9 +34,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from model import device as devices  # noqa: E402
-from model.config import ConfigError, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
+from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.evaluate import evaluate_bpb, evaluate_core, load_bundle  # noqa: E402
-from model.gpt import GPT, GPTConfig  # noqa: E402
+from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
 STOP_NONE, STOP_BUDGET, STOP_SIGNAL, STOP_DIVERGED = 0, 1, 2, 3

@@ -15,19 +15,44 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from model import counts
+from model.config import GPTConfig
+
 
 class ExprError(ValueError):
     """An expression that does not parse, uses something outside the whitelist, or fails to evaluate."""
 
 
-def gpt_params(depth: float, model_dim: float, vocab_size: float, mlp_ratio: float = 4) -> float:
-    """Parameter estimate of a GPT with untied embedding and head, without torch.
+def _whole(name: str, value: Any) -> int:
+    """A shape argument as an int: whole numbers only (1024.0 is 1024, 2.5 is an error)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                         and not value.is_integer()):
+        raise ValueError(f"gpt_params: {name} must be a whole number, got {value!r}")
+    return int(value)
 
-    Per block: attention 4·d² (q, k, v, o) and MLP 2·mlp_ratio·d²; plus embedding and head,
-    2·vocab·d. Norms and scalars are negligible. With mlp_ratio 4 this is the familiar
-    12·depth·d² + 2·vocab·d (59.6M for the competition baseline at depth 10, width 640).
+
+def gpt_params(depth: Any, model_dim: Any, vocab_size: Any, mlp_ratio: Any = GPTConfig.mlp_ratio,
+               head_dim: Any = 0, n_kv_head: Any = GPTConfig.n_kv_head, value_embeds: Any = GPTConfig.value_embeds,
+               residual_scalars: Any = GPTConfig.residual_scalars) -> int:
+    """The exact parameter count of the trainer's GPT of this shape (model.counts), without torch.
+
+    Positional only in expressions; omitted arguments take the trainer's defaults (model.config.GPTConfig).
+    head_dim 0 (the default) stands for any head size that divides model_dim: with a K/V head per query
+    head (n_kv_head 0) and no value embeddings the count does not depend on it; n_kv_head > 0 and
+    value_embeds need it. With mlp_ratio 4 and the defaults this is 12·depth·d² + 2·vocab·d (59.6M for the
+    competition baseline at depth 10, width 640); a shape the trainer refuses is an error.
     """
-    return depth * (4 + 2 * mlp_ratio) * model_dim**2 + 2 * vocab_size * model_dim
+    d, hd, kv = _whole("model_dim", model_dim), _whole("head_dim", head_dim), _whole("n_kv_head", n_kv_head)
+    if not hd:
+        if kv or value_embeds:
+            raise ValueError("gpt_params: n_kv_head and value_embeds need head_dim (the fifth argument)")
+        if d % 2:
+            raise ValueError(f"gpt_params: model_dim {d} is odd, so no (even) head_dim divides it")
+        hd = d  # one head of the full width: the same count as any head_dim that divides it
+    cfg = GPTConfig(vocab_size=_whole("vocab_size", vocab_size), depth=_whole("depth", depth), model_dim=d,
+                    head_dim=hd, n_kv_head=kv, mlp_ratio=float(mlp_ratio), value_embeds=bool(value_embeds),
+                    residual_scalars=bool(residual_scalars))
+    return counts.num_params(cfg)
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
