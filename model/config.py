@@ -134,8 +134,6 @@ class RunConfig:
     core_max_seconds: float = 3600.0  # CORE's time limit; past it the result is marked incomplete
     core_max_examples: int = 0  # per task; 0: all
     core_buckets: int = 4  # CORE row lengths seq_len, /2, /4, ... (>= 64); 1: every row padded to seq_len
-    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge, core_crash (CORE raises)
-    fault_step: int = 0
 
 
 # The demo-sized default model: trains visibly in seconds on a laptop CPU.
@@ -146,8 +144,6 @@ DEFAULTS: dict[str, Any] = {
     "head_dim": 32,
     "seq_len": 128,
 }
-
-FAULTS = ("", "hang", "crash", "oom", "diverge", "core_crash")
 
 @dataclass
 class TrainConfig:
@@ -228,14 +224,12 @@ def _check_run(run: RunConfig) -> None:
     for key in ("batch_size", "grad_accum", "eval_tokens", "final_eval_tokens", "log_every"):
         if getattr(run, key) <= 0:
             raise ConfigError(f"{key} must be positive, got {getattr(run, key)}")
-    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "fault_step",
-                "core_max_examples", "total_batch_tokens"):
+    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "core_max_examples",
+                "total_batch_tokens"):
         if getattr(run, key) < 0:
             raise ConfigError(f"{key} must not be negative, got {getattr(run, key)}")
     if any(not 0 < f <= 1 for f in run.eval_fractions):
         raise ConfigError(f"eval_fractions must lie in (0, 1], got {run.eval_fractions}")
-    if run.fault not in FAULTS:
-        raise ConfigError(f"fault must be one of {FAULTS[1:]}, got {run.fault!r}")
     if run.device not in ("auto", "cpu", "cuda", "neuron"):
         raise ConfigError(f"device must be auto, cpu, cuda or neuron, got {run.device!r}")
     if run.max_loss < 0:

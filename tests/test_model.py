@@ -119,7 +119,7 @@ def test_optimizer_fits_a_fixed_batch():
     ({"model_dim": 100, "head_dim": 32}, "not divisible by head_dim"),
     ({"budget_s": -1}, "budget_s must be positive"),
     ({"depth": "four"}, "config key 'depth' expects int"),
-    ({"fault": "meteor"}, "fault must be one of"),
+    ({"fault": "hang"}, "unknown config key 'fault'"),  # fault injection is TRNSWEEP_FAULT's (model.faults)
     ({"warmup_ratio": 0.6, "warmdown_ratio": 0.6}, "must not exceed 1"),
 ])
 def test_bad_config_is_refused_with_the_key_named(values, message):
