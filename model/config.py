@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,18 @@ class GPTConfig:
     residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
     head_init_std: float = 0.001
     kernels: str = "auto"  # torch (plain), reference (autograd Functions), nki (Trainium); auto: nki or torch
+    # False: derive model_dim and n_kv_head but do not validate. Only for counting (model.counts) whatever
+    # shape a sweep draws, before its constraints reject those the trainer refuses; not a field.
+    check: InitVar[bool] = True
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, check: bool) -> None:
         if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:
             width = self.depth * self.aspect_ratio
             self.model_dim = max(self.head_dim, -(-width // self.head_dim) * self.head_dim)
         if self.n_kv_head == 0 and self.head_dim > 0:
             self.n_kv_head = self.model_dim // self.head_dim
-        self.validate()
+        if check:
+            self.validate()
 
     @property
     def n_head(self) -> int:

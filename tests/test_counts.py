@@ -9,6 +9,7 @@ built on the meta device: real modules and parameter shapes, no memory, so even 
 from __future__ import annotations
 
 import itertools
+import math
 import subprocess
 import sys
 
@@ -73,6 +74,8 @@ def test_counts_equal_the_built_model(cfg: GPTConfig) -> None:
     args = (cfg.depth, cfg.model_dim, cfg.vocab_size, cfg.mlp_ratio, cfg.head_dim, cfg.n_kv_head, cfg.value_embeds,
             cfg.residual_scalars)
     assert gpt_params(*args) == counts.num_params(cfg)
+    if cfg.n_kv_head == cfg.n_head and not cfg.value_embeds:  # then head_dim may be left out (0)
+        assert gpt_params(*args[:4], 0, 0, False, cfg.residual_scalars) == counts.num_params(cfg)
 
 
 def test_the_grid_covers_every_phase_option() -> None:
@@ -101,10 +104,18 @@ def test_gpt_params_positional_forms() -> None:
     gqa = GPTConfig(vocab_size=8192, depth=10, model_dim=640, head_dim=128, n_kv_head=1)
     assert gpt_params(10, 640, 8192, 4, 128, 1) == counts.num_params(gqa) < base
     assert gpt_params(10, 640, 8192, 4, 128, 0, False, True) == base + 2 * 10
-    for bad in [(10, 640.5, 8192), (10, 640, 8192, 4, 0, 2), (10, 640, 8192, 4, 0, 0, True), (10, 641, 8192),
-                (10, 640, 8192, 4, 96)]:
-        with pytest.raises(ValueError):
-            gpt_params(*bad)
+    for misuse in [(10, 640, 8192, 4, 0, 2), (10, 640, 8192, 4, 0, 0, True)]:  # GQA, value embeds: head_dim needed
+        with pytest.raises(ValueError, match="need head_dim"):
+            gpt_params(*misuse)
+
+
+@pytest.mark.parametrize("args", [(10, 641, 8192), (10, 640.5, 8192), (2, 48, 512, 4, 32), (1, 0, 512), (0, 64, 512),
+                                  (10, 640, 8192, 4, 96, 3), (-1, 64, 512), (True, 64, 512)])
+def test_gpt_params_counts_shapes_the_trainer_refuses_without_an_error(args):
+    """Derived values are evaluated before constraints: a shape a constraint will reject must still count."""
+    value = gpt_params(*args)
+    assert isinstance(value, (int, float)) and math.isfinite(value)
+    assert math.isnan(gpt_params(10, math.inf, 8192)) and math.isnan(gpt_params(10, 640, 8192, math.nan))
 
 
 def test_the_trainers_knowledge_imports_without_torch() -> None:
