@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import kernels
+from kernels.ops import get_ops
 
 REPEATS = 5
 SOFTCAP = 15.0
@@ -61,7 +61,7 @@ def _row(op: str, shape: str, fused: Callable[[], torch.Tensor], plain: Callable
 
 def run() -> list[dict]:
     torch.manual_seed(0)
-    ops = kernels.get_ops("reference")
+    ops = get_ops("reference")
     rows = []
 
     x = torch.randn(8, 256, 640, requires_grad=True)

@@ -51,8 +51,9 @@ def trainer_runs(cache_dir: str) -> dict:
 def side_by_side(steps: int = 20, rounds: int = 5) -> dict:
     """Our model + optimiser step against the plain one, interleaved rounds, median step times."""
     from bench.plain_gpt import plain_step_fn
-    from model.gpt import GPT, GPTConfig
-    from model.optim import OptimConfig, Optimizers
+    from model.config import GPTConfig, OptimConfig
+    from model.gpt import GPT
+    from model.optim import Optimizers
 
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=CONFIG["vocab_size"], depth=CONFIG["depth"], model_dim=CONFIG["model_dim"],

@@ -1,21 +1,23 @@
 """Fused ops, each a PyTorch reference plus an optional NKI implementation.
 
-- `rms_norm(x)`: F.rms_norm over the last dimension, no weight, default eps.
-- `relu2_mlp(x, w_fc, w_proj)`: relu(x @ w_fc^T)^2 @ w_proj^T with nn.Linear weights.
+- `rms_norm(x)`: F.rms_norm over the last dimension, no weight, default eps (`kernels.rmsnorm`).
+- `relu2_mlp(x, w_fc, w_proj)`: relu(x @ w_fc^T)^2 @ w_proj^T with nn.Linear weights (`kernels.relu2_mlp`).
 - `softcap_cross_entropy(logits, targets, softcap, reduction)`: cross-entropy of softcap * tanh(logits /
-  softcap) in float32, ignore_index=-1, reduction 'mean', 'sum' or 'none'; softcap 0 = no cap.
+  softcap) in float32, ignore_index=-1, reduction 'mean', 'sum' or 'none'; softcap 0 = no cap
+  (`kernels.softcap_ce`).
 
 Each is a torch.autograd.Function with a hand-written backward (see each module for which backward the NKI
-path uses). A trial picks the implementation with `get_ops(impl)`, impl "reference", "nki" or "auto".
+path uses). A trial picks the implementation with `kernels.ops.get_ops(impl)`, impl one of `IMPLS`.
 
-All NKI code sits behind one import check in `kernels._nki`; the `@nki.jit` kernels live in
-`kernels.nki_kernels`, loaded only when first used, so importing this package never needs the Neuron SDK.
+This package's top level is torch-free on purpose: `IMPLS` is all it holds, so the trainer's torch-free
+configuration (`model.config`, which validates a trial's `kernels` setting) and the sweep can import it
+without torch. The ops live in `kernels.ops` and the modules above. All NKI code sits behind one import
+check in `kernels._nki`; the `@nki.jit` kernels live in `kernels.nki_kernels`, loaded only when first used,
+so importing any of this never needs the Neuron SDK.
 """
 
-from kernels._nki import NKI_AVAILABLE
-from kernels.ops import IMPLS, Ops, get_ops
-from kernels.relu2_mlp import relu2_mlp
-from kernels.rmsnorm import rms_norm
-from kernels.softcap_ce import softcap_cross_entropy
+# "torch": plain PyTorch compositions; "reference": the autograd Functions (the NKI kernels' CPU twin);
+# "nki": the NKI kernels; "auto": nki where it can run, else torch (see kernels.ops.get_ops).
+IMPLS = ("torch", "reference", "nki", "auto")
 
-__all__ = ["IMPLS", "NKI_AVAILABLE", "Ops", "get_ops", "relu2_mlp", "rms_norm", "softcap_cross_entropy"]
+__all__ = ["IMPLS"]

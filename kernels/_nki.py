@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.neuron import neuron_available
+
 try:  # the single import check; nothing else in the package imports nki at module load
     import nki
     import nki.isa as nisa
@@ -43,9 +45,7 @@ def simulating() -> bool:
 
 
 def neuron_device_available() -> bool:
-    """Whether a NeuronCore is usable; model.device owns that check, imported lazily to keep this module light."""
-    from model.device import neuron_available
-
+    """Whether a NeuronCore is usable (kernels.neuron's check; a function here so tests can stand one in)."""
     return neuron_available()
 
 

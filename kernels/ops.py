@@ -7,12 +7,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import _nki
+from kernels import IMPLS, _nki
 from kernels.relu2_mlp import relu2_mlp
 from kernels.rmsnorm import rms_norm
 from kernels.softcap_ce import softcap_cross_entropy
-
-IMPLS = ("torch", "reference", "nki", "auto")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The trainer's configuration: one flat dict of parameters, split into model, optimiser and run parts.
 
+This module is the one home of the trainer's settings and defaults, and it imports no torch: the sweep
+(study specs, graph keys, exports) reads the same dataclasses without loading the trainer.
+
 The same flat names are used by the study specs, the dashboard and ad-hoc trials, so a sweep point is a
 config as it stands. Unknown keys and values of the wrong type are refused with a ConfigError that names
 the key: a typo in a sweep must never train silently with a default.
@@ -9,12 +12,11 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from model.gpt import GPTConfig
-from model.optim import OptimConfig
+from kernels import IMPLS
 
 
 class ConfigError(ValueError):
@@ -22,7 +24,94 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class GPTConfig:
+    """The model's shape and options (model.gpt builds it; model.counts counts it)."""
+
+    vocab_size: int = 8192
+    depth: int = 4
+    model_dim: int = 0  # 0: derived as depth * aspect_ratio, rounded up to a multiple of head_dim
+    aspect_ratio: int = 64
+    head_dim: int = 64
+    n_kv_head: int = 0  # 0: as many KV heads as query heads (no GQA)
+    mlp_ratio: float = 4.0
+    seq_len: int = 256
+    rope_base: float = 10000.0
+    softcap: float = 15.0  # 0 disables the logit softcap
+    qk_norm: bool = True
+    value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
+    residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
+    head_init_std: float = 0.001
+    kernels: str = "auto"  # torch (plain), reference (autograd Functions), nki (Trainium); auto: nki or torch
+    # False: derive model_dim and n_kv_head but do not validate. Only for counting (model.counts) whatever
+    # shape a sweep draws, before its constraints reject those the trainer refuses; not a field.
+    check: InitVar[bool] = True
+
+    def __post_init__(self, check: bool) -> None:
+        if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:
+            width = self.depth * self.aspect_ratio
+            self.model_dim = max(self.head_dim, -(-width // self.head_dim) * self.head_dim)
+        if self.n_kv_head == 0 and self.head_dim > 0:
+            self.n_kv_head = self.model_dim // self.head_dim
+        if check:
+            self.validate()
+
+    @property
+    def n_head(self) -> int:
+        return self.model_dim // self.head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(round(self.mlp_ratio * self.model_dim))
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent field: a sweep must learn why a point is invalid."""
+        for name in ("vocab_size", "depth", "model_dim", "head_dim", "n_kv_head", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.model_dim % self.head_dim:
+            raise ValueError(f"model_dim {self.model_dim} is not divisible by head_dim {self.head_dim}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head {self.n_kv_head} does not divide the {self.n_head} query heads")
+        if self.kernels not in IMPLS:
+            raise ValueError(f"kernels must be one of {', '.join(IMPLS)}, got {self.kernels!r}")
+        if self.mlp_ratio <= 0 or self.rope_base <= 0 or self.softcap < 0 or self.head_init_std < 0:
+            raise ValueError("mlp_ratio and rope_base must be positive, softcap and head_init_std >= 0")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class OptimConfig:
+    """Learning rates, Muon/AdamW settings and schedule ratios (model.optim; model.schedule's shapes)."""
+
+    matrix_lr: float = 0.04
+    embedding_lr: float = 0.6
+    unembedding_lr: float = 0.004
+    scalar_lr: float = 0.5
+    weight_decay: float = 0.2  # Muon's, decaying linearly to 0 over the run
+    adam_weight_decay: float = 0.0
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85
+    muon_momentum_warmup_ratio: float = 0.1
+    cautious_wd: bool = True
+    warmup_ratio: float = 0.0
+    warmdown_ratio: float = 0.5
+    final_lr_frac: float = 0.0
+
+
+@dataclass
 class RunConfig:
+    """How a run trains, evaluates and reports: batch, budget, data, device, evaluations, CORE."""
+
     batch_size: int = 16  # sequences per rank per micro-step
     grad_accum: int = 1
     total_batch_tokens: int = 0  # > 0: the global batch in tokens, from which grad_accum is derived per world size
@@ -49,8 +138,6 @@ class RunConfig:
     core_max_seconds: float = 3600.0  # CORE's time limit; past it the result is marked incomplete
     core_max_examples: int = 0  # per task; 0: all
     core_buckets: int = 4  # CORE row lengths seq_len, /2, /4, ... (>= 64); 1: every row padded to seq_len
-    fault: str = ""  # test-only fault injection: hang, crash, oom, diverge, core_crash (CORE raises)
-    fault_step: int = 0
 
 
 # The demo-sized default model: trains visibly in seconds on a laptop CPU.
@@ -61,9 +148,6 @@ DEFAULTS: dict[str, Any] = {
     "head_dim": 32,
     "seq_len": 128,
 }
-
-FAULTS = ("", "hang", "crash", "oom", "diverge", "core_crash")
-
 
 @dataclass
 class TrainConfig:
@@ -144,14 +228,12 @@ def _check_run(run: RunConfig) -> None:
     for key in ("batch_size", "grad_accum", "eval_tokens", "final_eval_tokens", "log_every"):
         if getattr(run, key) <= 0:
             raise ConfigError(f"{key} must be positive, got {getattr(run, key)}")
-    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "fault_step",
-                "core_max_examples", "total_batch_tokens"):
+    for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "core_max_examples",
+                "total_batch_tokens"):
         if getattr(run, key) < 0:
             raise ConfigError(f"{key} must not be negative, got {getattr(run, key)}")
     if any(not 0 < f <= 1 for f in run.eval_fractions):
         raise ConfigError(f"eval_fractions must lie in (0, 1], got {run.eval_fractions}")
-    if run.fault not in FAULTS:
-        raise ConfigError(f"fault must be one of {FAULTS[1:]}, got {run.fault!r}")
     if run.device not in ("auto", "cpu", "cuda", "neuron"):
         raise ConfigError(f"device must be auto, cpu, cuda or neuron, got {run.device!r}")
     if run.max_loss < 0:

@@ -1,7 +1,8 @@
 """Which device a run trains on, and the process-group backend and autocast dtype that go with it.
 
 Neuron is PyTorch's native Neuron backend (device "neuron", process group "neuron"), present only where
-torch-neuronx is installed on Trainium hardware; `neuron_available` is the one import check for it.
+torch-neuronx is installed on Trainium hardware; `neuron_available` (from kernels.neuron, shared with the
+kernels' own choice) is the one check for it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from kernels.neuron import neuron_available
 
 TRN2_CHIP_BF16_FLOPS = 667e12  # dense BF16 per Trainium2 chip (AWS; docs/competition.md)
 CUDA_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense BF16, NVIDIA datasheets
@@ -63,21 +66,6 @@ class Runtime:
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def neuron_available() -> bool:
-    """True when PyTorch's native Neuron backend is importable and sees a device."""
-    neuron = getattr(torch, "neuron", None)
-    if neuron is None:
-        try:
-            import torch_neuronx  # noqa: F401  (registers torch.neuron)
-        except ImportError:
-            return False
-        neuron = getattr(torch, "neuron", None)
-    try:
-        return bool(neuron is not None and neuron.is_available())
-    except Exception:
-        return False
 
 
 def pick_kind(requested: str = "auto") -> str:

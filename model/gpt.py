@@ -1,78 +1,21 @@
 """A nanochat-style GPT: RMSNorm without weights, rotary embeddings, QK-norm, ReLU² MLP, logit softcap.
 
-Everything a sweep may vary lives in `GPTConfig`, which a flat parameter dict fills. The model keeps
+Everything a sweep may vary lives in `model.config.GPTConfig`, which a flat parameter dict fills; its
+parameter count and FLOPs per token are `model.counts`' (torch-free, for the sweep too). The model keeps
 static shapes (rotary tables sized to `seq_len`) so compiled graphs never change between steps.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels import IMPLS as KERNEL_IMPLS
-from kernels import Ops, get_ops
-
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 8192
-    depth: int = 4
-    model_dim: int = 0  # 0: derived as depth * aspect_ratio, rounded up to a multiple of head_dim
-    aspect_ratio: int = 64
-    head_dim: int = 64
-    n_kv_head: int = 0  # 0: as many KV heads as query heads (no GQA)
-    mlp_ratio: float = 4.0
-    seq_len: int = 256
-    rope_base: float = 10000.0
-    softcap: float = 15.0  # 0 disables the logit softcap
-    qk_norm: bool = True
-    value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
-    residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
-    head_init_std: float = 0.001
-    kernels: str = "auto"  # torch (plain), reference (autograd Functions), nki (Trainium); auto: nki or torch
-
-    def __post_init__(self) -> None:
-        if self.model_dim == 0 and self.depth > 0 and self.head_dim > 0:
-            width = self.depth * self.aspect_ratio
-            self.model_dim = max(self.head_dim, -(-width // self.head_dim) * self.head_dim)
-        if self.n_kv_head == 0 and self.head_dim > 0:
-            self.n_kv_head = self.model_dim // self.head_dim
-        self.validate()
-
-    @property
-    def n_head(self) -> int:
-        return self.model_dim // self.head_dim
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(round(self.mlp_ratio * self.model_dim))
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first inconsistent field: a sweep must learn why a point is invalid."""
-        for name in ("vocab_size", "depth", "model_dim", "head_dim", "n_kv_head", "seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.model_dim % self.head_dim:
-            raise ValueError(f"model_dim {self.model_dim} is not divisible by head_dim {self.head_dim}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_kv_head {self.n_kv_head} does not divide the {self.n_head} query heads")
-        if self.kernels not in KERNEL_IMPLS:
-            raise ValueError(f"kernels must be one of {', '.join(KERNEL_IMPLS)}, got {self.kernels!r}")
-        if self.mlp_ratio <= 0 or self.rope_base <= 0 or self.softcap < 0 or self.head_init_std < 0:
-            raise ValueError("mlp_ratio and rope_base must be positive, softcap and head_init_std >= 0")
-
-    @classmethod
-    def field_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from kernels.ops import Ops, get_ops
+from model import counts
+from model.config import GPTConfig
 
 
 def rotary_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,13 +167,9 @@ class GPT(nn.Module):
         }
 
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """Parameters of this model (model.counts, which needs no torch, counts them from the config)."""
+        return counts.num_params(self.config)
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 per matmul weight plus causal attention's score and value products."""
-        cfg = self.config
-        lookup = self.wte.weight.numel() + sum(ve.weight.numel() for ve in self.value_embeds.values())
-        scalars = sum(p.numel() for p in self.param_groups()["scalar"])
-        matmul_params = self.num_params() - lookup - scalars
-        attention = 12 * cfg.depth * cfg.n_head * cfg.head_dim * cfg.seq_len
-        return 6.0 * matmul_params + attention
+        """Training FLOPs per token (see model.counts.flops_per_token)."""
+        return counts.flops_per_token(self.config)

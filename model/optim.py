@@ -1,4 +1,4 @@
-"""Muon for the block matrices, AdamW for the rest, and schedules keyed to training progress.
+"""Muon for the block matrices, AdamW for the rest, with schedules (model.schedule) keyed to training progress.
 
 Progress is charged seconds / budget, never a step count: a trial that runs slower gets fewer steps
 but the same shape of schedule, which is what a time-budgeted competition rewards. Per-step scalars
@@ -8,9 +8,10 @@ step sees the same graph every time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from model import schedule
+from model.config import OptimConfig
 
 # Polar Express coefficients for five quintic iterations, from Amsel et al., "The Polar Express:
 # Optimal Matrix Sign Methods and Their Application to the Muon Algorithm" (arXiv:2505.16932),
@@ -118,43 +119,6 @@ class AdamW(torch.optim.Optimizer):
                 p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
 
 
-@dataclass
-class OptimConfig:
-    matrix_lr: float = 0.04
-    embedding_lr: float = 0.6
-    unembedding_lr: float = 0.004
-    scalar_lr: float = 0.5
-    weight_decay: float = 0.2  # Muon's, decaying linearly to 0 over the run
-    adam_weight_decay: float = 0.0
-    adam_beta1: float = 0.8
-    adam_beta2: float = 0.95
-    muon_momentum: float = 0.95
-    muon_momentum_start: float = 0.85
-    muon_momentum_warmup_ratio: float = 0.1
-    cautious_wd: bool = True
-    warmup_ratio: float = 0.0
-    warmdown_ratio: float = 0.5
-    final_lr_frac: float = 0.0
-
-
-def lr_multiplier(progress: float, warmup_ratio: float, warmdown_ratio: float, final_lr_frac: float) -> float:
-    """Linear warmup, flat, then linear warmdown to final_lr_frac at progress 1."""
-    progress = min(max(progress, 0.0), 1.0)
-    if warmup_ratio > 0 and progress < warmup_ratio:
-        return (progress + 1e-8) / warmup_ratio
-    if warmdown_ratio > 0 and progress > 1.0 - warmdown_ratio:
-        left = (1.0 - progress) / warmdown_ratio
-        return final_lr_frac + (1.0 - final_lr_frac) * left
-    return 1.0
-
-
-def muon_momentum(progress: float, cfg: OptimConfig) -> float:
-    if cfg.muon_momentum_warmup_ratio <= 0:
-        return cfg.muon_momentum
-    frac = min(progress / cfg.muon_momentum_warmup_ratio, 1.0)
-    return cfg.muon_momentum_start + frac * (cfg.muon_momentum - cfg.muon_momentum_start)
-
-
 class Optimizers:
     """Muon + AdamW over a GPT's parameter groups, with their schedules applied from progress."""
 
@@ -188,11 +152,12 @@ class Optimizers:
     def set_progress(self, progress: float) -> float:
         """Fill every scheduled scalar in place for this point of the run; returns the lr multiplier."""
         c = self.cfg
-        mult = lr_multiplier(progress, c.warmup_ratio, c.warmdown_ratio, c.final_lr_frac)
+        mult = schedule.lr_multiplier(progress, c.warmup_ratio, c.warmdown_ratio, c.final_lr_frac)
         for tensor, base in self.base_lrs:
             tensor.fill_(base * mult)
-        self.muon_momentum.fill_(muon_momentum(progress, c))
-        self.muon_wd.fill_(c.weight_decay * (1.0 - min(max(progress, 0.0), 1.0)))
+        self.muon_momentum.fill_(schedule.muon_momentum(progress, c.muon_momentum_start, c.muon_momentum,
+                                                        c.muon_momentum_warmup_ratio))
+        self.muon_wd.fill_(c.weight_decay * schedule.weight_decay_multiplier(progress))
         return mult
 
     def step(self) -> None:

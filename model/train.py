@@ -34,10 +34,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from model import device as devices  # noqa: E402
-from model.config import ConfigError, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
+from model import faults  # noqa: E402
+from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.data import BatchLoader, DataError, load_dataset, validation_batches  # noqa: E402
 from model.evaluate import evaluate_bpb, evaluate_core, load_bundle  # noqa: E402
-from model.gpt import GPT, GPTConfig  # noqa: E402
+from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
 STOP_NONE, STOP_BUDGET, STOP_SIGNAL, STOP_DIVERGED = 0, 1, 2, 3
@@ -132,23 +133,6 @@ def _on_sigterm(signum, frame) -> None:
     _stop_requested = True
 
 
-def _inject_fault(kind: str, loss: torch.Tensor) -> torch.Tensor:
-    """Test-only faults, so the sweep's failure handling is exercised on the real trainer."""
-    if kind == "hang":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a truly stuck process ignores polite requests
-        while True:
-            time.sleep(3600)
-    if kind == "crash":
-        os._exit(3)
-    if kind == "oom":
-        hoard = []
-        while True:
-            hoard.append(torch.ones(64 * 1024 * 1024, dtype=torch.uint8))
-    if kind == "diverge":
-        return loss * float("nan")
-    return loss
-
-
 def _all_reduce_grads(params: list[torch.nn.Parameter], world_size: int) -> None:
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -182,7 +166,9 @@ def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
     return int(code_f)
 
 
-def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None) -> dict[str, Any]:
+def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None,
+          fault: faults.Fault | None = None) -> dict[str, Any]:
+    """One budgeted run; `fault` is a test-only injected fault (model.faults), None in real runs."""
     run = cfg.run
     if run.num_threads > 0:
         torch.set_num_threads(run.num_threads)
@@ -257,8 +243,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
             with rt.autocast():
                 loss = step_model(x, y)
-            if run.fault and state.step == run.fault_step:
-                loss = _inject_fault(run.fault, loss)
+            if fault is not None and state.step == fault.step:
+                loss = faults.inject(fault.kind, loss)
             (loss / run.grad_accum).backward()
         if rt.world_size > 1:
             _all_reduce_grads(list(model.parameters()), rt.world_size)
@@ -270,7 +256,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         state.tokens += tokens_per_step
 
         at_log = state.step % run.log_every == 0 or state.step <= 1
-        if at_log or run.fault == "diverge":
+        if at_log or (fault is not None and fault.kind == "diverge"):
             state.last_loss = loss.detach().float().item()
             diverged = not math.isfinite(state.last_loss) or state.last_loss > max_loss
             if _agree_on_stop(STOP_DIVERGED if diverged else STOP_NONE, rt) == STOP_DIVERGED:
@@ -313,7 +299,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             save_checkpoint(model, out_dir / "final.pt", ds.tokenizer)
             result["checkpoint"] = str(out_dir / "final.pt")
         if core_tasks is not None:
-            result.update(_run_core(model, ds.tokenizer, core_tasks, cfg, rt, events))
+            result.update(_run_core(model, ds.tokenizer, core_tasks, cfg, rt, events, fault))
     model_flops = model.flops_per_token() * result["tokens_per_second"]
     peak = rt.peak_flops()
     result["model_flops_per_second"] = model_flops
@@ -331,11 +317,11 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
 
 
 def _run_core(model: GPT, tokenizer: Any, tasks: list, cfg: TrainConfig, rt: devices.Runtime,
-              events: Events) -> dict[str, Any]:
+              events: Events, fault: faults.Fault | None = None) -> dict[str, Any]:
     """CORE's record fields; a failure here costs the CORE figure (core_error says why), never the val_bpb."""
     run = cfg.run
     try:
-        if run.fault == "core_crash":
+        if fault is not None and fault.kind == "core_crash":
             raise RuntimeError("injected fault in CORE")
         core = evaluate_core(model, tokenizer, tasks, seq_len=cfg.model.seq_len, batch_size=run.batch_size,
                              buckets=run.core_buckets, device=rt.device, autocast=rt.autocast(),
@@ -394,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = parse_config(load_config_arg(args.config), budget_s=args.budget_s)
+        fault = faults.fault_from_env(cfg.run.seed)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -413,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     events = Events(rt.is_master, args.json)
     code = 0
     try:
-        result = train(cfg, rt, events, args.out_dir)
+        result = train(cfg, rt, events, args.out_dir, fault)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

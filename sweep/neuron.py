@@ -287,13 +287,13 @@ GRAPH_DEFAULTS: dict[str, Any] = {
 # tensor filled in place (model/optim.py), so it never changes a graph; grad_accum (and
 # total_batch_tokens, which only sets it) repeats the same micro-step graph; rope_base and head_init_std
 # only fill buffers and weights (graph inputs); seed, data, val_shard, eval, CORE and budget settings,
-# logging, checkpointing and fault injection are run-time.
+# logging and checkpointing are run-time.
 NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "weight_decay", "adam_weight_decay",
                     "muon_momentum", "muon_momentum_start", "muon_momentum_warmup_ratio", "warmup_ratio",
                     "warmdown_ratio", "final_lr_frac", "grad_accum", "rope_base", "head_init_std", "seed", "data",
                     "val_shard", "cache_dir", "eval_tokens", "final_eval_tokens", "eval_fractions", "eval_at_start",
                     "budget_s", "startup_allowance_s", "excluded_steps", "max_steps", "max_loss", "log_every",
-                    "save_checkpoint", "num_threads", "fault", "fault_step",
+                    "save_checkpoint", "num_threads",
                     # CORE runs after training on the final weights; the global batch only sets grad_accum.
                     "core_bundle", "core_max_seconds", "core_max_examples", "core_buckets", "total_batch_tokens")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)

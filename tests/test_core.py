@@ -279,8 +279,9 @@ def test_demo_bundle_is_built_once_deterministically_with_all_three_kinds(data_c
 
 
 def test_a_tiny_gpt_scores_a_finite_core_on_the_demo_bundle(data_cache):
+    from model.config import GPTConfig
     from model.data import load_dataset
-    from model.gpt import GPT, GPTConfig
+    from model.gpt import GPT
 
     ds = load_dataset(None, 512, cache_dir=data_cache)
     torch.manual_seed(0)
@@ -293,8 +294,9 @@ def test_a_tiny_gpt_scores_a_finite_core_on_the_demo_bundle(data_cache):
 
 
 def test_buckets_leave_a_real_gpts_scores_unchanged_on_the_demo_bundle(data_cache):
+    from model.config import GPTConfig
     from model.data import load_dataset
-    from model.gpt import GPT, GPTConfig
+    from model.gpt import GPT
 
     ds = load_dataset(None, 512, cache_dir=data_cache)
     torch.manual_seed(0)

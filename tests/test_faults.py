@@ -53,6 +53,7 @@ BUDGET_S = 8 if FULL else 3
 TRIAL = {"budget_s": BUDGET_S, "startup_allowance_s": 30, "eval_timeout_s": 20, "eval_fractions": [0.5],
          "heartbeat_s": 1, "stale_after_s": 8, "stop_grace_s": 3}
 HEALTHY = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
+FAULTY_SEED = 7  # the trainer seed of the one faulted trial: TRNSWEEP_FAULT names it (model.faults)
 PG_CLUSTER = ("15", "main")
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow,
@@ -154,13 +155,14 @@ def make_sweep(tmp_path: Path, pg_url: str, data_cache: str, monkeypatch: pytest
     """A spec and a store for one faulted sweep; this process's environment points at them."""
 
     def make(name: str, n_trials: int = N_TRIALS, concurrency: int = 2, trial: dict[str, Any] | None = None,
-             fault_param: bool = False, **sections: Any) -> Sweep:
+             fault: str = "", **sections: Any) -> Sweep:
         art = tmp_path / "art"
         art.mkdir(exist_ok=True)
         extra = dict(sections)
-        if fault_param:  # enqueued points pick the trainer's test-only fault; the sampler never runs
-            extra["params.fault"] = {"type": "categorical", "choices": ["", "hang", "diverge", "oom"]}
-            extra.setdefault("fixed", {**tiny_spec(data_cache)["fixed"], "fault_step": 3})
+        if fault:  # the trainer's test-only fault at step 3, in every trainer's environment (the spec's trial
+            # env: Ray's workers do not see this process's), fires in the trial enqueued with FAULTY_SEED only
+            extra["params.seed"] = {"type": "categorical", "choices": [0, FAULTY_SEED]}
+            extra["trial.env"] = {**extra.get("trial.env", {}), "TRNSWEEP_FAULT": f"{fault}@3:seed={FAULTY_SEED}"}
         spec = write_spec(tmp_path, name, tiny_spec(
             data_cache, study={"n_trials": n_trials, "concurrency": concurrency, "seed": 0},
             trial={**TRIAL, **(trial or {})}, **extra))
@@ -439,9 +441,9 @@ def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, monkeypatch, proxy)
 
 def _trainer_fault(make_sweep: Callable[..., Sweep], name: str, fault: str, **kw: Any) -> tuple[Sweep, dict[str, Any]]:
     """A sweep whose trial 0 runs the trainer's ``fault`` at step 3 while trial 1 trains normally."""
-    sw = make_sweep(name, fault_param=True, **kw)
-    enqueue(sw, {**HEALTHY, "fault": fault}, {**HEALTHY, "fault": ""},
-            *({**HEALTHY, "fault": "", "depth": 2} for _ in range(sw.n_trials - 2)))
+    sw = make_sweep(name, fault=fault, **kw)
+    enqueue(sw, {**HEALTHY, "seed": FAULTY_SEED}, {**HEALTHY, "seed": 0},
+            *({**HEALTHY, "seed": 0, "depth": 2} for _ in range(sw.n_trials - 2)))
     run_driver(sw)
     res = settle(sw, {})
     return sw, res

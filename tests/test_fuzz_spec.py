@@ -263,7 +263,7 @@ json_values = hs.recursive(
     lambda inner: hs.lists(inner, max_size=3) | hs.dictionaries(hs.text(max_size=8), inner, max_size=3),
     max_leaves=8)
 param_dicts = hs.dictionaries(hs.sampled_from(["depth", "model_dim", "matrix_lr", "mlp_ratio", "unembedding_lr",
-                                               "vocab_size", "_params", "fault"]) | hs.text(max_size=8),
+                                               "vocab_size", "_params", "seed"]) | hs.text(max_size=8),
                               json_values | hs.sampled_from([1, 2, 32, 48, 64, 0.02, 2.0, 4, math.inf, -0.0]),
                               max_size=5)
 param_texts = (param_dicts.map(json.dumps) | hs.text(max_size=80)

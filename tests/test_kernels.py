@@ -20,7 +20,10 @@ from torch.autograd import gradcheck
 
 import kernels
 from kernels import _nki
-from kernels.relu2_mlp import SBUF_BUDGET_BYTES, nki_sbuf_bytes
+from kernels.ops import Ops, get_ops
+from kernels.relu2_mlp import SBUF_BUDGET_BYTES, nki_sbuf_bytes, relu2_mlp
+from kernels.rmsnorm import rms_norm
+from kernels.softcap_ce import softcap_cross_entropy
 
 KERNELS_DIR = Path(kernels.__file__).parent
 
@@ -50,15 +53,15 @@ def assert_close_scaled(actual: torch.Tensor, expected: torch.Tensor, rel: float
 # ------------------------------------------------------------------------------------------------ get_ops
 def test_get_ops_reference_and_auto_on_a_cpu_machine(monkeypatch):
     monkeypatch.setattr(_nki, "neuron_device_available", lambda: False)
-    assert kernels.get_ops("reference") == kernels.Ops("reference")
-    assert kernels.get_ops("auto").impl == "torch"
+    assert get_ops("reference") == Ops("reference")
+    assert get_ops("auto").impl == "torch"
     monkeypatch.setattr(_nki, "NKI_AVAILABLE", True)  # nki importable but no NeuronCore: still plain torch
-    assert kernels.get_ops("auto").impl == "torch"
+    assert get_ops("auto").impl == "torch"
 
 
 def test_plain_torch_ops_match_the_reference_ops_and_their_gradients():
     torch.manual_seed(0)
-    plain, ref = kernels.get_ops("torch"), kernels.get_ops("reference")
+    plain, ref = get_ops("torch"), get_ops("reference")
     x = torch.randn(2, 16, 32, dtype=torch.float64, requires_grad=True)
     w_fc = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
     w_proj = torch.randn(32, 64, dtype=torch.float64, requires_grad=True)
@@ -83,7 +86,7 @@ def test_get_ops_nki_without_nki_raises_one_line(monkeypatch):
     monkeypatch.setattr(_nki, "NKI_AVAILABLE", False)
     monkeypatch.setattr(_nki, "NKI_IMPORT_ERROR", "ModuleNotFoundError: No module named 'nki'")
     with pytest.raises(ValueError) as info:
-        kernels.get_ops("nki")
+        get_ops("nki")
     message = str(info.value)
     assert "\n" not in message and "nki" in message and "not importable" in message
 
@@ -93,14 +96,14 @@ def test_get_ops_nki_needs_a_device_or_the_simulator(monkeypatch):
     monkeypatch.setattr(_nki, "neuron_device_available", lambda: False)
     monkeypatch.delenv("NKI_SIMULATOR", raising=False)
     with pytest.raises(ValueError, match="NeuronCore"):
-        kernels.get_ops("nki")
+        get_ops("nki")
     monkeypatch.setenv("NKI_SIMULATOR", "1")
-    assert kernels.get_ops("nki").impl == "nki"
+    assert get_ops("nki").impl == "nki"
 
 
 def test_get_ops_rejects_unknown_impl():
     with pytest.raises(ValueError, match="reference, nki, auto"):
-        kernels.get_ops("triton")
+        get_ops("triton")
 
 
 def test_only_the_import_check_imports_nki():
@@ -119,15 +122,15 @@ def test_only_the_import_check_imports_nki():
 # ------------------------------------------------------------------------------------------------ RMSNorm
 def test_rms_norm_gradcheck_float64():
     x = torch.randn(3, 4, 8, dtype=torch.float64, requires_grad=True)
-    assert gradcheck(kernels.rms_norm, (x,))
-    torch.testing.assert_close(kernels.rms_norm(x), F.rms_norm(x, (8,)), rtol=0, atol=0)
+    assert gradcheck(rms_norm, (x,))
+    torch.testing.assert_close(rms_norm(x), F.rms_norm(x, (8,)), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 def test_rms_norm_matches_functional(dtype, rel):
     x = torch.randn(4, 256, 640).mul(3).to(dtype)
     x, xr = leaves(x, x)
-    y, yr = kernels.rms_norm(x), F.rms_norm(xr, (640,))
+    y, yr = rms_norm(x), F.rms_norm(xr, (640,))
     assert y.dtype == dtype
     torch.testing.assert_close(y, yr, rtol=0, atol=0)  # same ops in the same order: bitwise
     g = torch.randn_like(y)
@@ -142,13 +145,13 @@ def test_relu2_mlp_gradcheck_float64():
     x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     w_fc = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
     w_proj = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
-    assert gradcheck(kernels.relu2_mlp, (x, w_fc, w_proj))
+    assert gradcheck(relu2_mlp, (x, w_fc, w_proj))
 
 
 def test_relu2_mlp_matches_plain_float32():
     x, w_fc, w_proj = leaves(torch.randn(4, 128, 256), torch.randn(1024, 256) / 16, torch.randn(256, 1024) / 32)
     xr, wfr, wpr = leaves(x, w_fc, w_proj)
-    y, yr = kernels.relu2_mlp(x, w_fc, w_proj), plain_mlp(xr, wfr, wpr)
+    y, yr = relu2_mlp(x, w_fc, w_proj), plain_mlp(xr, wfr, wpr)
     assert_close_scaled(y, yr, 1e-6)
     g = torch.randn_like(y)
     y.backward(g)
@@ -161,7 +164,7 @@ def test_relu2_mlp_under_bf16_autocast_matches_linear():
     x, w_fc, w_proj = leaves(torch.randn(2, 64, 128), torch.randn(512, 128) / 11, torch.randn(128, 512) / 22)
     xr, wfr, wpr = leaves(x, w_fc, w_proj)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, yr = kernels.relu2_mlp(x, w_fc, w_proj), plain_mlp(xr, wfr, wpr)
+        y, yr = relu2_mlp(x, w_fc, w_proj), plain_mlp(xr, wfr, wpr)
     assert y.dtype == yr.dtype == torch.bfloat16
     assert_close_scaled(y.float(), yr.float(), 1e-2)
     g = torch.randn_like(y)
@@ -179,8 +182,8 @@ def test_softcap_ce_gradcheck_float64(softcap, reduction):
     logits = (torch.randn(2, 5, 11, dtype=torch.float64) * 4).requires_grad_()
     targets = torch.randint(0, 11, (2, 5))
     targets[0, 1] = targets[1, 3] = -1
-    assert gradcheck(lambda lg: kernels.softcap_cross_entropy(lg, targets, softcap, reduction), (logits,))
-    torch.testing.assert_close(kernels.softcap_cross_entropy(logits, targets, softcap, reduction),
+    assert gradcheck(lambda lg: softcap_cross_entropy(lg, targets, softcap, reduction), (logits,))
+    torch.testing.assert_close(softcap_cross_entropy(logits, targets, softcap, reduction),
                                plain_ce(logits, targets, softcap, reduction))
 
 
@@ -191,7 +194,7 @@ def test_softcap_ce_matches_plain_float32(softcap, reduction):
     targets[:, :9] = -1
     logits = torch.randn(2, 256, 8192) * 6
     logits, lr = leaves(logits, logits)
-    loss, ref = kernels.softcap_cross_entropy(logits, targets, softcap, reduction), plain_ce(lr, targets, softcap,
+    loss, ref = softcap_cross_entropy(logits, targets, softcap, reduction), plain_ce(lr, targets, softcap,
                                                                                              reduction)
     assert loss.dtype == torch.float32 and loss.shape == ref.shape
     assert_close_scaled(loss, ref, 1e-6)
@@ -205,11 +208,11 @@ def test_softcap_ce_ignored_targets_contribute_nothing():
     logits = torch.randn(3, 4, 50, requires_grad=True)
     targets = torch.randint(0, 50, (3, 4))
     targets[1] = -1
-    per_token = kernels.softcap_cross_entropy(logits, targets, 15.0, "none")
+    per_token = softcap_cross_entropy(logits, targets, 15.0, "none")
     assert torch.all(per_token[1] == 0) and torch.all(per_token[0] > 0)
     per_token.sum().backward()
     assert torch.all(logits.grad[1] == 0)
-    mean = kernels.softcap_cross_entropy(logits, targets, 15.0, "mean")
+    mean = softcap_cross_entropy(logits, targets, 15.0, "mean")
     torch.testing.assert_close(mean, per_token.sum() / 8)
 
 
@@ -217,7 +220,7 @@ def test_softcap_ce_bf16_logits_compute_in_float32():
     logits = (torch.randn(4, 64, 1000) * 5).bfloat16()
     logits, lr = leaves(logits, logits)
     targets = torch.randint(0, 1000, (4, 64))
-    loss, ref = kernels.softcap_cross_entropy(logits, targets, 15.0), plain_ce(lr, targets, 15.0, "mean")
+    loss, ref = softcap_cross_entropy(logits, targets, 15.0), plain_ce(lr, targets, 15.0, "mean")
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
     loss.backward()
@@ -229,13 +232,13 @@ def test_softcap_ce_bf16_logits_compute_in_float32():
 def test_softcap_ce_rejects_bad_arguments():
     logits, targets = torch.randn(2, 7), torch.tensor([1, 2])
     with pytest.raises(ValueError, match="reduction"):
-        kernels.softcap_cross_entropy(logits, targets, 15.0, "max")
+        softcap_cross_entropy(logits, targets, 15.0, "max")
     with pytest.raises(ValueError, match="softcap"):
-        kernels.softcap_cross_entropy(logits, targets, -1.0)
+        softcap_cross_entropy(logits, targets, -1.0)
 
 
 def test_reference_ops_compile_without_graph_breaks():
-    ops = kernels.get_ops("reference")
+    ops = get_ops("reference")
 
     def step(x, w_fc, w_proj, targets):
         return ops.softcap_cross_entropy(ops.relu2_mlp(ops.rms_norm(x), w_fc, w_proj), targets, 15.0)
@@ -292,9 +295,9 @@ def run_both(fn, *inputs: torch.Tensor) -> tuple[tuple[torch.Tensor, list], tupl
 
 
 def test_nki_rms_norm(nki_cpu, lnc):
-    assert kernels.get_ops("nki").impl == "nki"
+    assert get_ops("nki").impl == "nki"
     for shape in ((300, 96), (2, 70, 640)):  # ragged row tiles; a width over 512
-        (y, grads), (yr, grads_r) = run_both(lambda impl, x: kernels.rms_norm(x, impl=impl), torch.randn(shape) * 2)
+        (y, grads), (yr, grads_r) = run_both(lambda impl, x: rms_norm(x, impl=impl), torch.randn(shape) * 2)
         assert not torch.isnan(y).any()
         assert_close_scaled(y, yr, 1e-5)
         assert_close_scaled(grads[0], grads_r[0], 1e-5)
@@ -303,7 +306,7 @@ def test_nki_rms_norm(nki_cpu, lnc):
 def test_nki_relu2_mlp(nki_cpu, lnc):
     # 1200 tokens: two full 512-token blocks and a ragged one; dim 160 and mlp_dim 400 are not multiples of 128.
     inputs = (torch.randn(2, 600, 160), torch.randn(400, 160) / 13, torch.randn(160, 400) / 20)
-    (y, grads), (yr, grads_r) = run_both(lambda impl, *a: kernels.relu2_mlp(*a, impl=impl), *inputs)
+    (y, grads), (yr, grads_r) = run_both(lambda impl, *a: relu2_mlp(*a, impl=impl), *inputs)
     assert not torch.isnan(y).any()
     assert_close_scaled(y, yr, 1e-5)
     for g, gr in zip(grads, grads_r, strict=True):
@@ -319,7 +322,7 @@ def test_nki_softcap_ce(nki_cpu, lnc, softcap, reduction):
     targets[2, 50] = 4999
 
     def ce(impl, logits):
-        return kernels.softcap_cross_entropy(logits, targets, softcap, reduction, impl=impl)
+        return softcap_cross_entropy(logits, targets, softcap, reduction, impl=impl)
 
     (loss, grads), (ref, grads_r) = run_both(ce, torch.randn(3, 100, 5000) * 5)
     assert not torch.isnan(loss).any()

@@ -227,9 +227,7 @@ def test_phase1_searches_nothing_it_cannot_launch():
 # -- graph keys -----------------------------------------------------------------------------------------
 
 def test_graph_defaults_are_the_trainers_and_every_trainer_key_is_classified():
-    from model.config import DEFAULTS, RunConfig
-    from model.gpt import GPTConfig
-    from model.optim import OptimConfig
+    from model.config import DEFAULTS, GPTConfig, OptimConfig, RunConfig
 
     trainer = {f.name: f.default for cls in (GPTConfig, OptimConfig) for f in fields(cls)}
     trainer.update({f.name: getattr(RunConfig(), f.name) for f in fields(RunConfig)})

@@ -20,6 +20,7 @@ from sweep.worker import ATTR_STARTED, Reporter, Supervisor, TrialTask, run_tria
 from tests.sweep_fixtures import ROOT, processes_with, wait_for
 
 pytestmark = pytest.mark.slow
+FAULT_ENV = "TRNSWEEP_FAULT"  # the trainer's test-only fault hook (model.faults); a trial's env reaches it
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_pruned_trial_stops_early(tmp_path, config):
 def test_hanging_trainer_is_killed_at_the_deadline(tmp_path, config, journal_study):
     url, study = journal_study
     trial = study.ask()
-    task = make_task(tmp_path, {**config, "fault": "hang", "fault_step": 5}, budget_s=3, deadline_s=8,
+    task = make_task(tmp_path, config, budget_s=3, deadline_s=8, env={FAULT_ENV: "hang@5"},
                      storage_url=url, number=trial.number, trial_id=trial._trial_id)
     t0 = time.monotonic()
     outcome = run_trial(task)
@@ -112,7 +113,7 @@ def test_hanging_trainer_is_killed_at_the_deadline(tmp_path, config, journal_stu
 
 def test_torchrun_ranks_are_killed_at_the_deadline(tmp_path, config):
     """torchrun puts every rank in a session of its own: the group kill alone would orphan them."""
-    task = make_task(tmp_path, {**config, "fault": "hang", "fault_step": 3}, budget_s=3, deadline_s=15, ranks=2)
+    task = make_task(tmp_path, config, budget_s=3, deadline_s=15, ranks=2, env={FAULT_ENV: "hang@3"})
     out = supervise(task)
     assert out.state == "FAIL" and out.fail_kind == "deadline"
     assert_no_trainer_left(tmp_path)
@@ -137,7 +138,7 @@ def test_sigkilled_trainer_is_a_retryable_crash(tmp_path, config):
 
 @pytest.mark.parametrize("fault,state,kind", [("crash", "FAIL", "crash"), ("diverge", "PRUNED", "diverged")])
 def test_injected_faults(tmp_path, config, fault, state, kind):
-    out = supervise(make_task(tmp_path, {**config, "fault": fault, "fault_step": 3}))
+    out = supervise(make_task(tmp_path, config, env={FAULT_ENV: f"{fault}@3"}))
     assert (out.state, out.fail_kind) == (state, kind), out.reason
     assert out.reason
 

@@ -220,10 +220,34 @@ def test_resolve_batch_derives_grad_accum_from_the_world_size():
 
 
 @pytest.mark.slow
-def test_a_failing_core_costs_the_core_figure_not_the_val_bpb(run_trainer, tiny_config):
-    config = {**tiny_config, "max_steps": 3, "eval_fractions": [1.0], "core_bundle": "demo", "fault": "core_crash"}
+def test_a_failing_core_costs_the_core_figure_not_the_val_bpb(run_trainer, tiny_config, monkeypatch):
+    monkeypatch.setenv("TRNSWEEP_FAULT", "core_crash@0")  # the trainer's test-only fault hook (model.faults)
+    config = {**tiny_config, "max_steps": 3, "eval_fractions": [1.0], "core_bundle": "demo"}
     run = run_trainer(config, budget_s=100)
     assert run.returncode == 0, run.stderr[-3000:]
     result = run.result
     assert result["status"] == "ok" and result["val_bpb"] > 0
     assert result["core"] is None and result["core_error"] == "RuntimeError: injected fault in CORE"
+
+
+def test_a_fault_is_read_from_the_environment_for_one_seed_only():
+    from model.config import ConfigError
+    from model.faults import Fault, parse_fault
+
+    assert parse_fault("", seed=0) is None
+    assert parse_fault("hang@5", seed=0) == Fault("hang", 5)
+    assert parse_fault("diverge@3:seed=7", seed=7) == Fault("diverge", 3)
+    assert parse_fault("diverge@3:seed=7", seed=0) is None  # another trial's fault
+    for bad in ("meteor@3", "hang", "hang@", "hang@-1", "hang@3:seed=", "hang@3:sede=1", "hang@3 extra"):
+        with pytest.raises(ConfigError, match="TRNSWEEP_FAULT must be KIND@STEP"):
+            parse_fault(bad, seed=0)
+
+
+def test_a_malformed_fault_is_one_line_and_exit_2_before_training(tiny_config):
+    env = subprocess_env(TRNSWEEP_FAULT="meteor@3")
+    proc = subprocess.run(trainer_command(tiny_config, budget_s=5), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and not parse_events(proc.stdout)
+    assert proc.stderr.strip().splitlines() == [
+        "error: TRNSWEEP_FAULT must be KIND@STEP or KIND@STEP:seed=N with KIND one of hang, crash, oom, diverge,"
+        " core_crash, got 'meteor@3'"]

@@ -64,8 +64,6 @@ SUBMISSION: dict[str, tuple[Any, str]] = {
     "max_steps": (0, "the charged clock alone ends training"),
     "eval_fractions": ([], "no intermediate evaluations: an outside clock would charge them"),
     "eval_at_start": (False, "no evaluation before training"),
-    "fault": ("", "test-only fault injection off"),
-    "fault_step": (0, "test-only fault injection off"),
     "save_checkpoint": (True, "out/final.pt is what the evaluation reads"),
     "core_bundle": ("", "the competition scores CORE itself, after training, through inference.py"),
 }

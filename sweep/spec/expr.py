@@ -15,19 +15,38 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from model import counts
+from model.config import GPTConfig
+
 
 class ExprError(ValueError):
     """An expression that does not parse, uses something outside the whitelist, or fails to evaluate."""
 
 
-def gpt_params(depth: float, model_dim: float, vocab_size: float, mlp_ratio: float = 4) -> float:
-    """Parameter estimate of a GPT with untied embedding and head, without torch.
+def gpt_params(depth: Any, model_dim: Any, vocab_size: Any, mlp_ratio: Any = GPTConfig.mlp_ratio,
+               head_dim: Any = 0, n_kv_head: Any = GPTConfig.n_kv_head, value_embeds: Any = GPTConfig.value_embeds,
+               residual_scalars: Any = GPTConfig.residual_scalars) -> Any:
+    """The exact parameter count of the trainer's GPT of this shape (model.counts), without torch.
 
-    Per block: attention 4·d² (q, k, v, o) and MLP 2·mlp_ratio·d²; plus embedding and head,
-    2·vocab·d. Norms and scalars are negligible. With mlp_ratio 4 this is the familiar
-    12·depth·d² + 2·vocab·d (59.6M for the competition baseline at depth 10, width 640).
+    Positional only in expressions; omitted arguments take the trainer's defaults (model.config.GPTConfig).
+    head_dim 0 (the default) stands for any head size that divides model_dim: with a K/V head per query
+    head (n_kv_head 0) and no value embeddings the count does not depend on it; n_kv_head > 0 and
+    value_embeds need it. With mlp_ratio 4 and the defaults this is 12·depth·d² + 2·vocab·d (59.6M for the
+    competition baseline at depth 10, width 640). Derived values are evaluated before constraints, so a
+    shape the trainer would refuse (model_dim not a multiple of head_dim, say) still gets the same
+    arithmetic's number, never an error, for a constraint to reject; non-finite arguments give nan.
     """
-    return depth * (4 + 2 * mlp_ratio) * model_dim**2 + 2 * vocab_size * model_dim
+    if not head_dim and (n_kv_head or value_embeds):
+        raise ValueError("gpt_params: n_kv_head and value_embeds need head_dim (the fifth argument)")
+    shape = (depth, model_dim, vocab_size, mlp_ratio, head_dim, n_kv_head)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in shape):
+        return math.nan
+    if not head_dim:  # one head of the full width: the same count as any head_dim that divides it
+        head_dim = model_dim if model_dim > 0 else GPTConfig.head_dim
+    cfg = GPTConfig(vocab_size=vocab_size, depth=depth, model_dim=model_dim, head_dim=head_dim, n_kv_head=n_kv_head,
+                    mlp_ratio=mlp_ratio, value_embeds=bool(value_embeds), residual_scalars=bool(residual_scalars),
+                    check=False)
+    return counts.num_params(cfg)
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {

@@ -19,15 +19,16 @@ errors at the same stage give the spread, shrunk towards ``prior_sigma`` while t
 
 A trial is pruned only when even its optimistic prediction (minus ``z`` times that spread) is worse
 than the best trial's final val_bpb, or than another running trial's prediction by more than both
-spreads together. This module must not import torch: the schedule below is the trainer's
-(``model/optim.py``), restated, and a test checks they agree.
+spreads together. This module must not import torch: the schedule, its area and its drop are the
+trainer's own pure functions (``model.schedule``, torch-free), and its defaults the trainer's
+(``model.config.OptimConfig``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -35,23 +36,15 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-# The trainer's defaults (model/optim.py OptimConfig); a test checks they have not drifted.
-SCHEDULE_DEFAULTS: dict[str, float] = {"warmup_ratio": 0.0, "warmdown_ratio": 0.5, "final_lr_frac": 0.0,
-                                       "matrix_lr": 0.04, "embedding_lr": 0.6, "unembedding_lr": 0.004,
-                                       "scalar_lr": 0.5}
+from model import schedule
+from model.config import OptimConfig
+
+# The trainer's defaults for what a schedule reads: its ratios and every base learning rate.
+SCHEDULE_DEFAULTS: dict[str, float] = {f.name: getattr(OptimConfig, f.name) for f in fields(OptimConfig)
+                                       if f.name in ("warmup_ratio", "warmdown_ratio", "final_lr_frac")
+                                       or f.name.endswith("_lr")}
 _EXPONENTS = (0.0, *(float(c) for c in np.geomspace(0.01, 4.0, 30)))  # 0: the logarithmic limit
 _MAX_CALIBRATION_TRIALS = 200  # newest completed trials used for the shared fit (bounds the cost per report)
-
-
-def lr_multiplier(progress: float, warmup_ratio: float, warmdown_ratio: float, final_lr_frac: float) -> float:
-    """Linear warmup, flat, then linear warmdown to final_lr_frac at progress 1 (as model/optim.py)."""
-    progress = min(max(progress, 0.0), 1.0)
-    if warmup_ratio > 0 and progress < warmup_ratio:
-        return (progress + 1e-8) / warmup_ratio
-    if warmdown_ratio > 0 and progress > 1.0 - warmdown_ratio:
-        left = (1.0 - progress) / warmdown_ratio
-        return final_lr_frac + (1.0 - final_lr_frac) * left
-    return 1.0
 
 
 @dataclass(frozen=True)
@@ -64,20 +57,15 @@ class Schedule:
     lr: float = 1.0
 
     def multiplier(self, p: float) -> float:
-        return lr_multiplier(p, self.warmup_ratio, self.warmdown_ratio, self.final_lr_frac)
+        return schedule.lr_multiplier(p, self.warmup_ratio, self.warmdown_ratio, self.final_lr_frac)
 
     def area(self, p: float) -> float:
-        """S(p): the integral of the multiplier over [0, p], exact for its piecewise-linear shape."""
-        p = min(max(p, 0.0), 1.0)
-        cuts = sorted({0.0, p, *(x for x in (self.warmup_ratio, 1.0 - self.warmdown_ratio) if 0.0 < x < p)})
-        # The midpoint rule is exact on each linear piece and never evaluates the jump points.
-        return sum((b - a) * self.multiplier((a + b) / 2) for a, b in zip(cuts, cuts[1:], strict=False))
+        """S(p): the integral of the multiplier over [0, p] (model.schedule.lr_area, exact)."""
+        return schedule.lr_area(p, self.warmup_ratio, self.warmdown_ratio, self.final_lr_frac)
 
     def drop(self, p: float) -> float:
         """D(p): how far the multiplier has annealed below its peak of 1; 0 during warmup."""
-        if p < self.warmup_ratio:
-            return 0.0
-        return max(0.0, 1.0 - self.multiplier(p))
+        return schedule.lr_drop(p, self.warmup_ratio, self.warmdown_ratio, self.final_lr_frac)
 
     def features(self, p: float, c: float) -> tuple[float, float]:
         """The model's two regressors at progress p: S^-c (-ln S for c = 0) and the lr-scaled annealing

@@ -1,0 +1,128 @@
+"""model.counts against real models: the count and FLOPs of every shape option the phase specs search.
+
+The grid covers sweep/studies/phase1.toml and phase2.toml's options (depth 8-28, width 512-2048, head_dim
+64 and 128, n_kv_head 1, 2, 4, 8 or all, vocab 8192) plus what the trainer offers beyond them (value
+embeddings, residual scalars, qk_norm off, a width from aspect_ratio, an mlp_ratio that rounds). Models are
+built on the meta device: real modules and parameter shapes, no memory, so even phase-2 sizes build fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from model import counts
+from model.config import GPTConfig
+from model.gpt import GPT
+from sweep.spec.expr import gpt_params
+from tests.conftest import ROOT
+
+# Small shapes take every n_kv_head that divides their heads and every (value_embeds, residual_scalars).
+SMALL = [(1, 32, 16), (2, 64, 16), (3, 96, 32), (5, 64, 8)]  # (depth, model_dim, head_dim)
+# Phase-1 (depth 8-16, width 512-1024, heads of 64 or 128, n_kv_head 1, 2, 4) and phase-2 (depth 16-28, width
+# 1024-2048, heads of 128, n_kv_head 2, 4, 8) corners, each with a few K/V head counts (meta builds of these
+# are the slow part).
+PHASES = [((8, 512, 64), (0, 1, 4)), ((10, 640, 128), (0, 5)), ((16, 1024, 128), (0, 1, 2, 4, 8)),
+          ((28, 2048, 128), (0, 8))]
+KV_HEADS = (0, 1, 2, 4, 8)  # 0: one K/V head per query head
+EXTRAS = list(itertools.product((False, True), (False, True)))  # (value_embeds, residual_scalars)
+VOCABS = (300, 512, 8192)
+MLP_RATIOS = (4.0, 2.6, 3.0)  # 2.6 x 96 = 249.6 rounds up, 2.6 x 32 = 83.2 down
+
+
+def grid() -> list[GPTConfig]:
+    points = [(shape, kv, extras) for shape, kv, extras in itertools.product(SMALL, KV_HEADS, EXTRAS)
+              if not kv or (shape[1] // shape[2]) % kv == 0]
+    points += [(shape, kv, EXTRAS[(3 * j + k) % 4]) for shape, kvs in PHASES for j, kv in enumerate(kvs)
+               for k in range(2)]
+    out = []
+    for i, ((depth, dim, hd), kv, (ve, rs)) in enumerate(points):
+        out.append(GPTConfig(vocab_size=8192 if depth >= 8 else VOCABS[i % 3], depth=depth, model_dim=dim,
+                             head_dim=hd, n_kv_head=kv, value_embeds=ve, residual_scalars=rs, qk_norm=i % 2 == 0,
+                             mlp_ratio=MLP_RATIOS[i % 3], seq_len=(32, 1024, 2048)[i % 3]))
+    out.append(GPTConfig(vocab_size=300, depth=3, model_dim=0, aspect_ratio=24, head_dim=16, n_kv_head=1,
+                         value_embeds=True, residual_scalars=True))  # width 72 rounded up to 80
+    return out
+
+
+def built(cfg: GPTConfig) -> GPT:
+    with torch.device("meta"):
+        return GPT(cfg)
+
+
+def reference_flops(model: GPT) -> float:
+    """The trainer's FLOPs/token as GPT computed it from its own parameters before model.counts existed."""
+    cfg = model.config
+    lookup = model.wte.weight.numel() + sum(ve.weight.numel() for ve in model.value_embeds.values())
+    scalars = sum(p.numel() for p in model.param_groups()["scalar"])
+    matmul = sum(p.numel() for p in model.parameters()) - lookup - scalars
+    return 6.0 * matmul + 12 * cfg.depth * cfg.n_head * cfg.head_dim * cfg.seq_len
+
+
+@pytest.mark.parametrize("cfg", grid(), ids=lambda c: (f"d{c.depth}w{c.model_dim}h{c.head_dim}kv{c.n_kv_head}"
+                                                        f"{'ve' * c.value_embeds}{'rs' * c.residual_scalars}"))
+def test_counts_equal_the_built_model(cfg: GPTConfig) -> None:
+    model = built(cfg)
+    assert counts.num_params(cfg) == sum(p.numel() for p in model.parameters())
+    assert counts.flops_per_token(cfg) == reference_flops(model)
+    assert model.num_params() == counts.num_params(cfg) and model.flops_per_token() == counts.flops_per_token(cfg)
+    args = (cfg.depth, cfg.model_dim, cfg.vocab_size, cfg.mlp_ratio, cfg.head_dim, cfg.n_kv_head, cfg.value_embeds,
+            cfg.residual_scalars)
+    assert gpt_params(*args) == counts.num_params(cfg)
+    if cfg.n_kv_head == cfg.n_head and not cfg.value_embeds:  # then head_dim may be left out (0)
+        assert gpt_params(*args[:4], 0, 0, False, cfg.residual_scalars) == counts.num_params(cfg)
+
+
+def test_the_grid_covers_every_phase_option() -> None:
+    configs = grid()
+    big = [c for c in configs if c.depth >= 8]
+    assert {c.n_kv_head == c.n_head for c in big} == {True, False}
+    assert {1, 2, 4, 8} <= {c.n_kv_head for c in big if c.n_kv_head != c.n_head}
+    assert {(c.value_embeds, c.residual_scalars) for c in big} == set(EXTRAS)
+    assert {64, 128} == {c.head_dim for c in big} and {c.qk_norm for c in big} == {True, False}
+    assert {8, 16, 28} <= {c.depth for c in big} and {512, 1024, 2048} <= {c.model_dim for c in big}
+    assert {c.vocab_size for c in big} == {8192}
+    assert any(c.mlp_dim != c.mlp_ratio * c.model_dim for c in configs)  # an mlp_dim that was rounded
+
+
+def test_a_cpu_built_model_counts_alike() -> None:
+    cfg = GPTConfig(vocab_size=300, depth=3, model_dim=64, head_dim=16, n_kv_head=2, value_embeds=True,
+                    residual_scalars=True, seq_len=32)
+    model = GPT(cfg)
+    assert counts.num_params(cfg) == sum(p.numel() for p in model.parameters())
+
+
+def test_gpt_params_positional_forms() -> None:
+    base = 12 * 10 * 640**2 + 2 * 8192 * 640  # the competition baseline's 59.6M (COMPETITION.md)
+    assert gpt_params(10, 640, 8192) == base == gpt_params(10.0, 640, 8192, 4) == gpt_params(10, 640, 8192, 4, 128)
+    assert gpt_params(10, 640, 8192, 4, 64) == base  # every head size gives the same count without GQA
+    gqa = GPTConfig(vocab_size=8192, depth=10, model_dim=640, head_dim=128, n_kv_head=1)
+    assert gpt_params(10, 640, 8192, 4, 128, 1) == counts.num_params(gqa) < base
+    assert gpt_params(10, 640, 8192, 4, 128, 0, False, True) == base + 2 * 10
+    for misuse in [(10, 640, 8192, 4, 0, 2), (10, 640, 8192, 4, 0, 0, True)]:  # GQA, value embeds: head_dim needed
+        with pytest.raises(ValueError, match="need head_dim"):
+            gpt_params(*misuse)
+
+
+@pytest.mark.parametrize("args", [(10, 641, 8192), (10, 640.5, 8192), (2, 48, 512, 4, 32), (1, 0, 512), (0, 64, 512),
+                                  (10, 640, 8192, 4, 96, 3), (-1, 64, 512), (True, 64, 512)])
+def test_gpt_params_counts_shapes_the_trainer_refuses_without_an_error(args):
+    """Derived values are evaluated before constraints: a shape a constraint will reject must still count."""
+    value = gpt_params(*args)
+    assert isinstance(value, (int, float)) and math.isfinite(value)
+    assert math.isnan(gpt_params(10, math.inf, 8192)) and math.isnan(gpt_params(10, 640, 8192, math.nan))
+
+
+def test_the_trainers_knowledge_imports_without_torch() -> None:
+    """The sweep reads model.config/counts/schedule in processes that never load torch (nor must they)."""
+    code = ("import sys\n"
+            "import sweep.spec, sweep.spec.expr, sweep.spec.pruners, model.config, model.counts, model.schedule\n"
+            "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+            "assert not loaded, loaded\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
