@@ -265,6 +265,26 @@ def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
     assert set(changes) == set(neuron.GRAPH_INPUTS) - {"aspect_ratio"}
 
 
+# Keys computed before graph.py derived its defaults and widths from model.config: stored studies hold
+# graph keys (trial attributes, precompiled_graph_keys), so the same config must keep its key.
+PINNED_GRAPH_KEYS = [
+    ({}, 1, {}, "42597d2d0b26659f"),
+    ({"depth": 4, "model_dim": 256, "head_dim": 64, "seq_len": 256, "batch_size": 8, "matrix_lr": 0.02, "lnc": 2,
+      "ranks": 4, "neuron_cc_flags": "--optlevel=1", "device": "neuron", "compile": True}, 1, {}, "01e21be65d422d05"),
+    ({"depth": 6, "aspect_ratio": 40, "head_dim": 64, "n_kv_head": 2, "mlp_ratio": 3.5, "value_embeds": True,
+      "softcap": 0, "kernels": "nki", "tokenizer": "/data/tok.json", "seq_len": 512.0}, 2,
+     {"NEURON_LOGICAL_NC_CONFIG": "1"}, "77302d01097a0665"),
+    # Configs the trainer refuses still get a key (recorded on the failed trial; precompile lists them).
+    ({"depth": 3, "model_dim": 100, "head_dim": 32, "n_kv_head": 3}, 1, {}, "5a19a646f01c701d"),
+    ({"depth": 3, "aspect_ratio": 20, "head_dim": 48, "kernels": "bogus", "seed": 7}, 1, {}, "e2386b8584822a73"),
+]
+
+
+@pytest.mark.parametrize("config,ranks,env,key", PINNED_GRAPH_KEYS)
+def test_graph_keys_of_stored_studies_stay_the_same(config, ranks, env, key):
+    assert neuron.graph_key(config, ranks, env) == key
+
+
 def test_warm_trials_go_first():
     assert neuron.pick_warm([None, "a", "b"], {"b"}) == 2
     assert neuron.pick_warm(["a", "b"], set()) is None
