@@ -37,7 +37,7 @@ from sweep import artifacts as art
 from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
-from sweep.neuron import WarmPicker
+from sweep.run.warm import WarmPicker
 from sweep.space import ConstraintViolation
 from sweep.spec import StudySpec, build_pruner, build_sampler
 from sweep.study import best_trial

@@ -19,6 +19,7 @@ import pytest
 
 from sweep import neuron, precompile, worker
 from sweep import storage as st
+from sweep.run.warm import WarmPicker, pick_warm
 from sweep.spec import SpecError, load
 from sweep.worker import Supervisor, TrialTask, run_trial
 from tests.sweep_fixtures import FIXED, ROOT, tiny_spec, write_spec
@@ -286,8 +287,8 @@ def test_graph_keys_of_stored_studies_stay_the_same(config, ranks, env, key):
 
 
 def test_warm_trials_go_first():
-    assert neuron.pick_warm([None, "a", "b"], {"b"}) == 2
-    assert neuron.pick_warm(["a", "b"], set()) is None
+    assert pick_warm([None, "a", "b"], {"b"}) == 2
+    assert pick_warm(["a", "b"], set()) is None
 
 
 def test_driver_prefers_a_waiting_trial_whose_graphs_are_compiled(tmp_path):
@@ -297,10 +298,10 @@ def test_driver_prefers_a_waiting_trial_whose_graphs_are_compiled(tmp_path):
     warm = {"depth": 2, "model_dim": 48, "matrix_lr": 0.02}
     study.enqueue_trial(cold)
     study.enqueue_trial(warm)
-    picker = neuron.WarmPicker(spec)
+    picker = WarmPicker(spec)
     assert picker.claim(study) is None  # nothing is known compiled: the queue's order stands
     study.set_user_attr(neuron.ATTR_PRECOMPILED, [picker.key_of(warm)])
-    picker = neuron.WarmPicker(spec)
+    picker = WarmPicker(spec)
     trial = picker.claim(study)
     assert trial is not None and trial.number == 1 and trial.params == {} and spec.space.suggest(trial) == warm
     assert study.ask().number == 0  # the cold one is next

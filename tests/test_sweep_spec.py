@@ -8,7 +8,7 @@ import pytest
 
 from sweep import cli
 from sweep import objective as obj
-from sweep.neuron import LAUNCH_KEYS
+from sweep.neuron.launch import LAUNCH_KEYS
 from sweep.spec import SpecError, load
 from tests.sweep_fixtures import FIXED, run_sweep, spec_toml, sweep_env, tiny_spec, write_spec
 
