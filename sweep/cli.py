@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import artifacts, export, precompile, promote, replay
+from sweep import artifacts, export, promote, replay
 from sweep import objective as obj
 from sweep import storage as st
 from sweep.expr import ExprError
+from sweep.run import precompile
 from sweep.space import SearchSpace, SpaceError
 from sweep.spec import SpecError, StudySpec, load
 from sweep.study import (

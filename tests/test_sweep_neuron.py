@@ -17,8 +17,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep import neuron, precompile, worker
+from sweep import neuron, worker
 from sweep import storage as st
+from sweep.run import precompile
 from sweep.run.warm import WarmPicker, pick_warm
 from sweep.spec import SpecError, load
 from sweep.worker import Supervisor, TrialTask, run_trial
