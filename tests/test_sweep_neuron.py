@@ -229,18 +229,34 @@ def test_phase1_searches_nothing_it_cannot_launch():
 # -- graph keys -----------------------------------------------------------------------------------------
 
 def test_graph_defaults_are_the_trainers_and_every_trainer_key_is_classified():
-    from model.config import DEFAULTS, RunConfig
-    from model.gpt import GPTConfig
-    from model.optim import OptimConfig
+    from model.config import DEFAULTS, GPTConfig, OptimConfig, RunConfig, parse_config
 
     trainer = {f.name: f.default for cls in (GPTConfig, OptimConfig) for f in fields(cls)}
     trainer.update({f.name: getattr(RunConfig(), f.name) for f in fields(RunConfig)})
     trainer.update(DEFAULTS)
+    assert trainer == neuron.TRAINER_DEFAULTS
+    resolved = parse_config({}).to_dict()  # what the trainer runs with when a config leaves a key out
     for k, v in neuron.GRAPH_DEFAULTS.items():
         assert trainer[k] == v, k
-    classified = set(neuron.GRAPH_DEFAULTS) | set(neuron.NOT_IN_GRAPH_KEY)
-    assert set(trainer) == classified  # every trainer key classified, nothing classified the trainer lacks
+        assert resolved[k] == v or k in ("model_dim", "n_kv_head"), k  # those two resolve from the others
+    # Every trainer key is in exactly one of the two, and nothing in either is not a trainer key.
+    assert not set(neuron.GRAPH_DEFAULTS) & set(neuron.NOT_IN_GRAPH_KEY)
+    assert len(set(neuron.NOT_IN_GRAPH_KEY)) == len(neuron.NOT_IN_GRAPH_KEY)
+    assert set(trainer) == set(neuron.GRAPH_DEFAULTS) | set(neuron.NOT_IN_GRAPH_KEY)
     assert RunConfig().excluded_steps == precompile.EXCLUDED_STEPS_DEFAULT
+
+
+def test_graph_shape_resolves_widths_as_the_trainer_does():
+    from model.config import parse_config
+
+    for config in ({}, {"depth": 6, "aspect_ratio": 40, "head_dim": 64, "n_kv_head": 2, "mlp_ratio": 3.5},
+                   {"depth": 3, "model_dim": 96, "head_dim": 48}):
+        model = parse_config(config).model
+        shape = neuron.graph_shape(config)
+        assert (shape["model_dim"], shape["n_kv_head"], shape["mlp_dim"]) == (model.model_dim, model.n_kv_head,
+                                                                              model.mlp_dim), config
+    # A config the trainer refuses still has a shape (its key is recorded on the failed trial).
+    assert neuron.graph_shape({"model_dim": 100, "head_dim": 32})["mlp_dim"] == 400
 
 
 def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():

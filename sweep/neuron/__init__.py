@@ -1,8 +1,8 @@
 """Trainium plumbing of a trial: launch shape, the shared compile cache, graph-shape keys, utilisation.
 
 Everything here is plain Python over the documented interfaces of the Neuron tools and runtime, so the
-CPU tests drive it with stand-in executables; nothing imports torch or ``model.*`` beyond the torch-free
-``model.config``.
+CPU tests drive it with stand-in executables; nothing imports torch or ``model.*`` beyond ``model.config``
+(the trainer's defaults and widths, never restated here).
 
 - :mod:`sweep.neuron.launch`: ``lnc``, ``ranks`` and ``neuron_cc_flags`` (study parameters the trainer
   does not know), Ray's ``NEURON_RT_VISIBLE_CORES`` renumbered at the trial's LNC and split over the
@@ -37,8 +37,12 @@ from sweep.neuron.graph import (
     GRAPH_DEFAULTS,
     GRAPH_INPUTS,
     NOT_IN_GRAPH_KEY,
+    TRAINER_DEFAULTS,
+    WIDTH_KEYS,
     graph_key,
     graph_shape,
+    resolved_model,
+    trainer_defaults,
 )
 from sweep.neuron.launch import (
     CC_FLAGS_VAR,
@@ -75,8 +79,9 @@ __all__ = [
     "ATTR_GRAPH_CACHE", "ATTR_GRAPH_KEY", "ATTR_PRECOMPILED", "CC_FLAGS_VAR", "CORES_PER_CHIP", "CORES_VAR",
     "DEFAULT_NODE_CACHE", "DEFAULT_NODE_LNC", "GRAPH_DEFAULTS", "GRAPH_INPUTS", "LAUNCH_KEYS", "LNC_VALUES", "LNC_VAR",
     "MAX_CHIPS", "MIN_CACHE_FREE_BYTES", "MONITOR_CONFIG", "NEFF_CACHE_VAR", "NEFF_DISABLE_VAR", "NODE_CACHE_VAR",
-    "NOT_IN_GRAPH_KEY", "XLA_CACHE_VAR", "CacheLocation", "Device", "LaunchError", "MonitorSampler", "TrialLaunch",
-    "cache_entries", "cache_location", "cache_outcome", "check_node", "check_spec", "chip_cores", "compile_seconds",
-    "format_cores", "graph_key", "graph_shape", "launch_values", "map_ranks", "monitor_sample", "neuron_ls",
-    "parse_cores", "parse_neuron_ls", "spec_fit", "split_flags", "to_trial_lnc",
+    "NOT_IN_GRAPH_KEY", "TRAINER_DEFAULTS", "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device", "LaunchError",
+    "MonitorSampler", "TrialLaunch", "cache_entries", "cache_location", "cache_outcome", "check_node", "check_spec",
+    "chip_cores", "compile_seconds", "format_cores", "graph_key", "graph_shape", "launch_values", "map_ranks",
+    "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "resolved_model", "spec_fit", "split_flags",
+    "to_trial_lnc", "trainer_defaults",
 ]

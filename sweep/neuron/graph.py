@@ -10,15 +10,29 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import MISSING, fields
 from typing import Any
 
+from model.config import DEFAULTS, GPTConfig, OptimConfig, RunConfig
 from sweep.neuron.launch import LAUNCH_KEYS, launch_values, split_flags
 
 ATTR_GRAPH_KEY = "graph_key"  # trial attribute: the key of the trial's graphs
 ATTR_PRECOMPILED = "precompiled_graph_keys"  # study attribute written by `sweep precompile`
 
-# What decides the graphs a trial compiles, with the trainer's default for each (tests hold these
-# equal to model.config's). In the key:
+
+def trainer_defaults() -> dict[str, Any]:
+    """Every trainer key with the value a config that leaves it out trains with: the model, optimiser and
+    run dataclasses' defaults overlaid with ``model.config.DEFAULTS`` (the demo-sized model)."""
+    out: dict[str, Any] = {}
+    for cls in (GPTConfig, OptimConfig, RunConfig):
+        for f in fields(cls):
+            out[f.name] = f.default_factory() if f.default is MISSING else f.default
+    return {**out, **DEFAULTS}
+
+
+TRAINER_DEFAULTS = trainer_defaults()
+
+# What decides the graphs a trial compiles, with the trainer's default for each. In the key:
 # - vocab_size, depth, model_dim, head_dim, n_kv_head, mlp_ratio (as mlp_dim), seq_len, batch_size
 #   (per rank): tensor shapes. model_dim and n_kv_head enter resolved the way GPTConfig resolves them
 #   (0 means depth x aspect_ratio rounded up to head_dim, and one KV head per query head), so
@@ -31,12 +45,10 @@ ATTR_PRECOMPILED = "precompiled_graph_keys"  # study attribute written by `sweep
 # - tokenizer: a tokenizer file fixes the vocabulary in place of vocab_size.
 # - ranks, lnc, neuron_cc_flags (launch keys, below): world size, the compile target's logical core
 #   size and the compiler's options all change the compiled artefact.
-GRAPH_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 2048, "depth": 4, "aspect_ratio": 32, "model_dim": 0, "head_dim": 32, "n_kv_head": 0,
-    "mlp_ratio": 4.0, "seq_len": 128, "batch_size": 16, "kernels": "auto", "compile": False, "device": "auto",
-    "qk_norm": True, "value_embeds": False, "residual_scalars": False, "cautious_wd": True, "softcap": 15.0,
-    "adam_beta1": 0.8, "adam_beta2": 0.95, "tokenizer": "",
-}
+GRAPH_DEFAULTS: dict[str, Any] = {k: TRAINER_DEFAULTS[k] for k in (
+    "vocab_size", "depth", "aspect_ratio", "model_dim", "head_dim", "n_kv_head", "mlp_ratio", "seq_len", "batch_size",
+    "kernels", "compile", "device", "qk_norm", "value_embeds", "residual_scalars", "cautious_wd", "softcap",
+    "adam_beta1", "adam_beta2", "tokenizer")}
 # Left out, and why: every learning rate, weight decay, momentum and schedule ratio is a 0-dim device
 # tensor filled in place (model/optim.py), so it never changes a graph; grad_accum (and
 # total_batch_tokens, which only sets it) repeats the same micro-step graph; rope_base and head_init_std
@@ -51,6 +63,26 @@ NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", 
                     # CORE runs after training on the final weights; the global batch only sets grad_accum.
                     "core_bundle", "core_max_seconds", "core_max_examples", "core_buckets", "total_batch_tokens")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)
+WIDTH_KEYS = ("depth", "aspect_ratio", "model_dim", "head_dim", "n_kv_head", "mlp_ratio")  # what the widths come from
+
+
+class _UncheckedGPTConfig(GPTConfig):
+    """GPTConfig's own derivation of the widths without its validation, for configs the trainer refuses:
+    they still get a key (recorded on the failed trial, listed by precompile) as they always did."""
+
+    def validate(self) -> None:
+        pass
+
+
+def resolved_model(config: Mapping[str, Any]) -> GPTConfig:
+    """The trainer's model config over ``config``'s width keys: model_dim, n_kv_head and mlp_dim resolved
+    the way the trainer resolves them (0 model_dim from depth x aspect_ratio, 0 n_kv_head one per head)."""
+    c = {k: config.get(k, GRAPH_DEFAULTS[k]) for k in WIDTH_KEYS}
+    widths = {**{k: int(c[k]) for k in WIDTH_KEYS if k != "mlp_ratio"}, "mlp_ratio": float(c["mlp_ratio"])}
+    try:
+        return GPTConfig(**widths)
+    except ValueError:
+        return _UncheckedGPTConfig(**widths)
 
 
 def graph_shape(config: Mapping[str, Any], default_ranks: int = 1, env: Mapping[str, str] | None = None
@@ -58,14 +90,11 @@ def graph_shape(config: Mapping[str, Any], default_ranks: int = 1, env: Mapping[
     """The normalised settings :func:`graph_key` hashes (see :data:`GRAPH_DEFAULTS`)."""
     c = {**GRAPH_DEFAULTS, **{k: v for k, v in config.items() if k in GRAPH_DEFAULTS}}
     ranks, lnc, flags = launch_values(config, default_ranks, env)
-    head_dim = int(c["head_dim"])
-    model_dim = int(c["model_dim"])
-    if model_dim == 0 and head_dim > 0:
-        model_dim = max(head_dim, -(-int(c["depth"]) * int(c["aspect_ratio"]) // head_dim) * head_dim)
-    n_kv_head = int(c["n_kv_head"]) or (model_dim // head_dim if head_dim > 0 else 0)
+    model = resolved_model(c)
     return {
-        "vocab_size": int(c["vocab_size"]), "depth": int(c["depth"]), "model_dim": model_dim, "head_dim": head_dim,
-        "n_kv_head": n_kv_head, "mlp_dim": int(round(float(c["mlp_ratio"]) * model_dim)), "seq_len": int(c["seq_len"]),
+        "vocab_size": int(c["vocab_size"]), "depth": model.depth, "model_dim": model.model_dim,
+        "head_dim": model.head_dim, "n_kv_head": model.n_kv_head, "mlp_dim": model.mlp_dim,
+        "seq_len": int(c["seq_len"]),
         "batch_size": int(c["batch_size"]), "kernels": c["kernels"], "compile": bool(c["compile"]),
         "device": c["device"], "qk_norm": bool(c["qk_norm"]), "value_embeds": bool(c["value_embeds"]),
         "residual_scalars": bool(c["residual_scalars"]), "cautious_wd": bool(c["cautious_wd"]),

@@ -46,7 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_SHAPES = 64
 MAX_COMBINATIONS = 100_000  # before constraints and deduplication
 COMPLETIONS = 32
-EXCLUDED_STEPS_DEFAULT = 3  # RunConfig.excluded_steps (a test holds them equal)
+EXCLUDED_STEPS_DEFAULT: int = neuron.TRAINER_DEFAULTS["excluded_steps"]
 
 
 class PrecompileError(ValueError):
