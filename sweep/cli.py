@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep import precompile
 from sweep import store as st
+from sweep.run import precompile
 from sweep.ship import export, promote, replay
 from sweep.spec import SpecError, StudySpec, load
 from sweep.spec import objective as obj

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import store as st
-from sweep.neuron import WarmPicker
+from sweep.run.warm import WarmPicker
 from sweep.spec import StudySpec, build_pruner, build_sampler, spec_hash
 from sweep.spec import objective as obj
 from sweep.spec.space import ConstraintViolation

@@ -17,8 +17,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep import neuron, precompile, worker
+from sweep import neuron, worker
 from sweep import store as st
+from sweep.run import precompile
+from sweep.run.warm import WarmPicker, pick_warm
 from sweep.spec import SpecError, load
 from sweep.worker import Supervisor, TrialTask, run_trial
 from tests.sweep_fixtures import FIXED, ROOT, tiny_spec, write_spec
@@ -227,16 +229,34 @@ def test_phase1_searches_nothing_it_cannot_launch():
 # -- graph keys -----------------------------------------------------------------------------------------
 
 def test_graph_defaults_are_the_trainers_and_every_trainer_key_is_classified():
-    from model.config import DEFAULTS, GPTConfig, OptimConfig, RunConfig
+    from model.config import DEFAULTS, GPTConfig, OptimConfig, RunConfig, parse_config
 
     trainer = {f.name: f.default for cls in (GPTConfig, OptimConfig) for f in fields(cls)}
     trainer.update({f.name: getattr(RunConfig(), f.name) for f in fields(RunConfig)})
     trainer.update(DEFAULTS)
+    assert trainer == neuron.TRAINER_DEFAULTS
+    resolved = parse_config({}).to_dict()  # what the trainer runs with when a config leaves a key out
     for k, v in neuron.GRAPH_DEFAULTS.items():
         assert trainer[k] == v, k
-    classified = set(neuron.GRAPH_DEFAULTS) | set(neuron.NOT_IN_GRAPH_KEY)
-    assert set(trainer) == classified  # every trainer key classified, nothing classified the trainer lacks
+        assert resolved[k] == v or k in ("model_dim", "n_kv_head"), k  # those two resolve from the others
+    # Every trainer key is in exactly one of the two, and nothing in either is not a trainer key.
+    assert not set(neuron.GRAPH_DEFAULTS) & set(neuron.NOT_IN_GRAPH_KEY)
+    assert len(set(neuron.NOT_IN_GRAPH_KEY)) == len(neuron.NOT_IN_GRAPH_KEY)
+    assert set(trainer) == set(neuron.GRAPH_DEFAULTS) | set(neuron.NOT_IN_GRAPH_KEY)
     assert RunConfig().excluded_steps == precompile.EXCLUDED_STEPS_DEFAULT
+
+
+def test_graph_shape_resolves_widths_as_the_trainer_does():
+    from model.config import parse_config
+
+    for config in ({}, {"depth": 6, "aspect_ratio": 40, "head_dim": 64, "n_kv_head": 2, "mlp_ratio": 3.5},
+                   {"depth": 3, "model_dim": 96, "head_dim": 48}):
+        model = parse_config(config).model
+        shape = neuron.graph_shape(config)
+        assert (shape["model_dim"], shape["n_kv_head"], shape["mlp_dim"]) == (model.model_dim, model.n_kv_head,
+                                                                              model.mlp_dim), config
+    # A config the trainer refuses still has a shape (its key is recorded on the failed trial).
+    assert neuron.graph_shape({"model_dim": 100, "head_dim": 32})["mlp_dim"] == 400
 
 
 def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
@@ -263,9 +283,29 @@ def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
     assert set(changes) == set(neuron.GRAPH_INPUTS) - {"aspect_ratio"}
 
 
+# Keys computed before graph.py derived its defaults and widths from model.config: stored studies hold
+# graph keys (trial attributes, precompiled_graph_keys), so the same config must keep its key.
+PINNED_GRAPH_KEYS = [
+    ({}, 1, {}, "42597d2d0b26659f"),
+    ({"depth": 4, "model_dim": 256, "head_dim": 64, "seq_len": 256, "batch_size": 8, "matrix_lr": 0.02, "lnc": 2,
+      "ranks": 4, "neuron_cc_flags": "--optlevel=1", "device": "neuron", "compile": True}, 1, {}, "01e21be65d422d05"),
+    ({"depth": 6, "aspect_ratio": 40, "head_dim": 64, "n_kv_head": 2, "mlp_ratio": 3.5, "value_embeds": True,
+      "softcap": 0, "kernels": "nki", "tokenizer": "/data/tok.json", "seq_len": 512.0}, 2,
+     {"NEURON_LOGICAL_NC_CONFIG": "1"}, "77302d01097a0665"),
+    # Configs the trainer refuses still get a key (recorded on the failed trial; precompile lists them).
+    ({"depth": 3, "model_dim": 100, "head_dim": 32, "n_kv_head": 3}, 1, {}, "5a19a646f01c701d"),
+    ({"depth": 3, "aspect_ratio": 20, "head_dim": 48, "kernels": "bogus", "seed": 7}, 1, {}, "e2386b8584822a73"),
+]
+
+
+@pytest.mark.parametrize("config,ranks,env,key", PINNED_GRAPH_KEYS)
+def test_graph_keys_of_stored_studies_stay_the_same(config, ranks, env, key):
+    assert neuron.graph_key(config, ranks, env) == key
+
+
 def test_warm_trials_go_first():
-    assert neuron.pick_warm([None, "a", "b"], {"b"}) == 2
-    assert neuron.pick_warm(["a", "b"], set()) is None
+    assert pick_warm([None, "a", "b"], {"b"}) == 2
+    assert pick_warm(["a", "b"], set()) is None
 
 
 def test_driver_prefers_a_waiting_trial_whose_graphs_are_compiled(tmp_path):
@@ -275,10 +315,10 @@ def test_driver_prefers_a_waiting_trial_whose_graphs_are_compiled(tmp_path):
     warm = {"depth": 2, "model_dim": 48, "matrix_lr": 0.02}
     study.enqueue_trial(cold)
     study.enqueue_trial(warm)
-    picker = neuron.WarmPicker(spec)
+    picker = WarmPicker(spec)
     assert picker.claim(study) is None  # nothing is known compiled: the queue's order stands
     study.set_user_attr(neuron.ATTR_PRECOMPILED, [picker.key_of(warm)])
-    picker = neuron.WarmPicker(spec)
+    picker = WarmPicker(spec)
     trial = picker.claim(study)
     assert trial is not None and trial.number == 1 and trial.params == {} and spec.space.suggest(trial) == warm
     assert study.ask().number == 0  # the cold one is next

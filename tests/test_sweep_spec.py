@@ -7,7 +7,7 @@ import random
 import pytest
 
 from sweep import cli
-from sweep.neuron import LAUNCH_KEYS
+from sweep.neuron.launch import LAUNCH_KEYS
 from sweep.spec import SpecError, load
 from sweep.spec import objective as obj
 from tests.sweep_fixtures import FIXED, run_sweep, spec_toml, sweep_env, tiny_spec, write_spec

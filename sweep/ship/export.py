@@ -149,9 +149,14 @@ def pick_trial(study: Any, number: int | None, objective: obj.Objective | None =
 
 # -- what the submission runs ----------------------------------------------------------------------
 
+# Keys older records carry that the trainer no longer takes: the test-only fault hook left its config
+# for the TRNSWEEP_FAULT variable (model/faults.py).
+RETIRED_KEYS = ("fault", "fault_step")
+
+
 def submission_config(config: dict[str, Any], budget_s: float) -> dict[str, Any]:
     """The trial's resolved config with the machine's keys set for a submission (see SUBMISSION)."""
-    out = dict(config)
+    out = {k: v for k, v in config.items() if k not in RETIRED_KEYS}
     for k, (v, _) in SUBMISSION.items():
         out[k] = list(v) if isinstance(v, list) else v
     out["budget_s"] = float(budget_s)

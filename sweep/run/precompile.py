@@ -1,7 +1,7 @@
 """``python -m sweep precompile NAME``: compile a study's graph shapes into the shared cache ahead of its trials.
 
 Cold Neuron compiles take minutes per shape, and a 30-minute trial pays them inside its start-up
-allowance. The graphs a trial compiles depend only on the settings :func:`sweep.neuron.graph_key`
+allowance. The graphs a trial compiles depend only on the settings :func:`sweep.neuron.graph.graph_key`
 hashes, so a study asks for a finite set of them when every parameter that reaches the key is
 discrete. This command lists that set (``--dry-run`` prints it as JSON, anywhere) and runs one
 compile-only trainer per shape as a Ray task with a trial's resources, spread over the nodes: the
@@ -18,6 +18,9 @@ completed with sampled values of the other parameters until the constraints hold
 ``COMPLETIONS`` tries; a combination no completion satisfies is dropped) and combinations with equal
 keys count once. Neuron compiles only on Trainium, so on a Ray without ``neuron_cores`` the command
 says so and exits 2.
+
+Ray and Optuna are imported where they are used: the command line imports this module for every
+command, and they take seconds to load.
 """
 
 from __future__ import annotations
@@ -30,18 +33,20 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import neuron
+from sweep import store as st
 from sweep.spec.expr import ExprError
+from sweep.worker import Supervisor, TrialTask
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_SHAPES = 64
 MAX_COMBINATIONS = 100_000  # before constraints and deduplication
 COMPLETIONS = 32
-EXCLUDED_STEPS_DEFAULT = 3  # RunConfig.excluded_steps (a test holds them equal)
+EXCLUDED_STEPS_DEFAULT: int = neuron.TRAINER_DEFAULTS["excluded_steps"]
 
 
 class PrecompileError(ValueError):
@@ -182,9 +187,7 @@ def compile_config(spec: Any, shape: Shape) -> dict[str, Any]:
             "eval_tokens": tokens, "final_eval_tokens": tokens, "startup_allowance_s": spec.startup_allowance_s}
 
 
-def compile_task(spec: Any, shape: Shape, number: int) -> Any:
-    from sweep.worker import TrialTask
-
+def compile_task(spec: Any, shape: Shape, number: int) -> TrialTask:
     return TrialTask(
         study=spec.name, storage_url="", number=number, trial_id=-1, params=shape.point,
         config=compile_config(spec, shape), budget_s=1.0,
@@ -194,12 +197,8 @@ def compile_task(spec: Any, shape: Shape, number: int) -> Any:
     )
 
 
-def _compile_one(task: Any, key: str) -> dict[str, Any]:
+def _compile_one(task: TrialTask, key: str) -> dict[str, Any]:
     """Ray task body: one compile-only run under the trial supervisor (no study writes)."""
-    from dataclasses import replace
-
-    from sweep.worker import Supervisor
-
     root = os.environ.get("SWEEP_ARTIFACTS") or ""  # this node's, as trials' working files
     root_dir = REPO_ROOT / "runs" / "artifacts" if not root or root.startswith("s3://") else Path(root)
     work = root_dir / task.study / "precompile" / key
@@ -272,8 +271,6 @@ _NO_NEURON = ("this Ray has no neuron_cores: Neuron compiles only on Trainium, s
 def _remember(spec: Any, url: str, keys: list[str]) -> None:
     """Store the compiled keys on the study (creating it if need be) for the driver's warm preference."""
     import optuna
-
-    from sweep import store as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = st.open_storage(url)

@@ -1,0 +1,87 @@
+"""Trainium plumbing of a trial: launch shape, the shared compile cache, graph-shape keys, utilisation.
+
+Everything here is plain Python over the documented interfaces of the Neuron tools and runtime, so the
+CPU tests drive it with stand-in executables; nothing imports torch or ``model.*`` beyond ``model.config``
+(the trainer's defaults and widths, never restated here).
+
+- :mod:`sweep.neuron.launch`: ``lnc``, ``ranks`` and ``neuron_cc_flags`` (study parameters the trainer
+  does not know), Ray's ``NEURON_RT_VISIBLE_CORES`` renumbered at the trial's LNC and split over the
+  ranks, and the spec-time check that a plan fits the reserved cores.
+- :mod:`sweep.neuron.cache`: where the compile caches point (node directory, shared path or S3) and a
+  trial's hit or miss, read off the cache directory.
+- :mod:`sweep.neuron.graph`: :func:`graph_key`, a hash of exactly the settings that decide which
+  graphs get compiled.
+- :mod:`sweep.neuron.monitor`: ``neuron-ls`` (the node's devices) and the ``neuron-monitor`` sampler.
+- :mod:`sweep.neuron.trial`: :class:`TrialLaunch`, all of the above for one trial.
+
+This facade re-exports the public names, so ``from sweep import neuron`` and ``neuron.X`` work.
+"""
+
+from sweep.neuron.cache import (
+    ATTR_GRAPH_CACHE,
+    DEFAULT_NODE_CACHE,
+    MIN_CACHE_FREE_BYTES,
+    NEFF_CACHE_VAR,
+    NEFF_DISABLE_VAR,
+    NODE_CACHE_VAR,
+    XLA_CACHE_VAR,
+    CacheLocation,
+    cache_entries,
+    cache_location,
+    cache_outcome,
+    compile_seconds,
+)
+from sweep.neuron.graph import (
+    ATTR_GRAPH_KEY,
+    ATTR_PRECOMPILED,
+    GRAPH_DEFAULTS,
+    GRAPH_INPUTS,
+    NOT_IN_GRAPH_KEY,
+    TRAINER_DEFAULTS,
+    WIDTH_KEYS,
+    graph_key,
+    graph_shape,
+    resolved_model,
+    trainer_defaults,
+)
+from sweep.neuron.launch import (
+    CC_FLAGS_VAR,
+    CORES_PER_CHIP,
+    CORES_VAR,
+    DEFAULT_NODE_LNC,
+    LAUNCH_KEYS,
+    LNC_VALUES,
+    LNC_VAR,
+    MAX_CHIPS,
+    LaunchError,
+    check_spec,
+    chip_cores,
+    format_cores,
+    launch_values,
+    map_ranks,
+    parse_cores,
+    spec_fit,
+    split_flags,
+    to_trial_lnc,
+)
+from sweep.neuron.monitor import (
+    MONITOR_CONFIG,
+    Device,
+    MonitorSampler,
+    check_node,
+    monitor_sample,
+    neuron_ls,
+    parse_neuron_ls,
+)
+from sweep.neuron.trial import TrialLaunch
+
+__all__ = [
+    "ATTR_GRAPH_CACHE", "ATTR_GRAPH_KEY", "ATTR_PRECOMPILED", "CC_FLAGS_VAR", "CORES_PER_CHIP", "CORES_VAR",
+    "DEFAULT_NODE_CACHE", "DEFAULT_NODE_LNC", "GRAPH_DEFAULTS", "GRAPH_INPUTS", "LAUNCH_KEYS", "LNC_VALUES", "LNC_VAR",
+    "MAX_CHIPS", "MIN_CACHE_FREE_BYTES", "MONITOR_CONFIG", "NEFF_CACHE_VAR", "NEFF_DISABLE_VAR", "NODE_CACHE_VAR",
+    "NOT_IN_GRAPH_KEY", "TRAINER_DEFAULTS", "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device", "LaunchError",
+    "MonitorSampler", "TrialLaunch", "cache_entries", "cache_location", "cache_outcome", "check_node", "check_spec",
+    "chip_cores", "compile_seconds", "format_cores", "graph_key", "graph_shape", "launch_values", "map_ranks",
+    "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "resolved_model", "spec_fit", "split_flags",
+    "to_trial_lnc", "trainer_defaults",
+]

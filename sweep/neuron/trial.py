@@ -1,0 +1,134 @@
+"""One Neuron trial: its launch plan, cache and utilisation, from before the trainer starts to its outcome.
+
+:class:`TrialLaunch` strips the launch keys from the trainer's config and turns them into environment
+and torchrun arguments, narrows ``NEURON_RT_VISIBLE_CORES`` to the ranks' cores (so
+``neuron:LOCAL_RANK`` is the mapped core), points the compile caches at the trial's cache and records
+what happened. It lives apart from ``launch`` because it draws on every other module of the package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep.neuron.cache import (
+    MIN_CACHE_FREE_BYTES,
+    NEFF_DISABLE_VAR,
+    CacheLocation,
+    cache_entries,
+    cache_location,
+    cache_outcome,
+    compile_seconds,
+)
+from sweep.neuron.graph import ATTR_GRAPH_KEY, graph_key
+from sweep.neuron.launch import (
+    CC_FLAGS_VAR,
+    CORES_VAR,
+    DEFAULT_NODE_LNC,
+    LAUNCH_KEYS,
+    LNC_VAR,
+    format_cores,
+    launch_values,
+    map_ranks,
+    parse_cores,
+    to_trial_lnc,
+)
+from sweep.neuron.monitor import MonitorSampler, check_node, neuron_ls
+
+
+@dataclass
+class TrialLaunch:
+    """What the supervisor needs to start one trial on Neuron, and what it records afterwards.
+
+    Built by :meth:`prepare` before anything starts (a plan that does not fit raises LaunchError);
+    :meth:`started` once the trainer runs, :meth:`finished` once it is reaped, :meth:`close` always.
+    """
+
+    config: dict[str, Any]  # the trainer's config, launch keys removed
+    ranks: int
+    env: dict[str, str] = field(default_factory=dict)  # added to the trainer's environment
+    attrs: dict[str, Any] = field(default_factory=dict)  # recorded with the outcome
+    cache: CacheLocation | None = None
+    cache_before: set[str] = field(default_factory=set)
+    sampler: MonitorSampler | None = None
+
+    @classmethod
+    def prepare(cls, config: Mapping[str, Any], default_ranks: int, task_env: Mapping[str, str],
+                compile_cache: str = "", node_env: Mapping[str, str] | None = None,
+                pids: Callable[[], Iterable[int]] | None = None, workdir: Path | None = None) -> TrialLaunch:
+        node_env = dict(os.environ if node_env is None else node_env)
+        env = {**node_env, **task_env}
+        ranks, lnc, flags = launch_values(config, default_ranks, task_env)
+        attrs: dict[str, Any] = {"launch_ranks": ranks}
+        with contextlib.suppress(ValueError, TypeError):  # a mistyped config is the trainer's to refuse
+            attrs[ATTR_GRAPH_KEY] = graph_key(config, default_ranks, task_env)
+        launch = cls({k: v for k, v in config.items() if k not in LAUNCH_KEYS}, ranks, attrs=attrs)
+        if lnc is not None:
+            launch.env[LNC_VAR] = str(lnc)
+            attrs["launch_lnc"] = lnc
+        if flags is not None:
+            launch.env[CC_FLAGS_VAR] = flags
+            attrs["neuron_cc_flags"] = flags
+        visible = env.get(CORES_VAR)
+        if visible:
+            node_lnc = int(node_env.get(LNC_VAR) or DEFAULT_NODE_LNC)
+            assigned = parse_cores(visible)
+            devices = neuron_ls(node_env)
+            if devices is not None:
+                attrs.update(check_node(devices, assigned))
+            trial_lnc = lnc or node_lnc
+            rank_cores = map_ranks(to_trial_lnc(assigned, node_lnc, trial_lnc), ranks, trial_lnc)
+            launch.env[CORES_VAR] = format_cores(rank_cores)
+            attrs.update(neuron_cores_assigned=format_cores(assigned), neuron_rank_cores=format_cores(rank_cores))
+        neuron = bool(visible) or config.get("device") == "neuron" or bool(compile_cache)
+        if neuron:
+            launch._configure_cache(cache_location(compile_cache, node_env), task_env)
+            launch.sampler = MonitorSampler(pids, workdir)
+        return launch
+
+    def _configure_cache(self, loc: CacheLocation, task_env: Mapping[str, str]) -> None:
+        """Point the caches at ``loc`` (explicit trial.env settings win) and remember what is in them."""
+        self.cache = loc
+        self.env.update({k: v for k, v in loc.env().items() if k not in task_env})
+        self.attrs["compile_cache"] = loc.kind if loc.kind == "node" else loc.root
+        dirs = [d for d in loc.local_dirs() if d]
+        try:
+            for d in dirs:
+                os.makedirs(d, exist_ok=True)
+            free = shutil.disk_usage(dirs[0]).free
+        except OSError as e:
+            self.attrs["compile_cache_error"] = f"{type(e).__name__}: {e}"[:300]
+            return
+        if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
+            self.env[NEFF_DISABLE_VAR] = "1"
+            self.attrs["compile_cache_error"] = f"cache disabled: {free / 1024**3:.1f} GiB free under {dirs[0]}"
+        self.cache_before = cache_entries(dirs)
+
+    def started(self) -> None:
+        if self.sampler is not None and not self.sampler.start():
+            self.sampler = None
+
+    def finished(self, record: Mapping[str, Any] | None, launch_unix: float | None,
+                 first_step_unix: float | None) -> dict[str, Any]:
+        """Everything to record: launch attributes, cache verdict, compile and start-up seconds, utilisation."""
+        self.close()
+        rec = record or {}
+        if self.cache is not None and rec.get("device", "neuron") == "neuron":
+            compiled = first_step_unix is not None or bool(rec.get("steps"))
+            self.attrs.update(cache_outcome(self.cache_before, cache_entries(self.cache.local_dirs()), compiled))
+        secs = compile_seconds(rec)
+        if secs is not None:
+            self.attrs["compile_seconds"] = secs
+        if launch_unix is not None and first_step_unix is not None:
+            self.attrs["startup_wall_seconds"] = round(first_step_unix - launch_unix, 3)
+        return self.attrs
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.attrs.update(self.sampler.stop())
+            self.sampler = None
