@@ -1,5 +1,8 @@
 """The study store under cluster load: N worker processes reporting every second to PostgreSQL.
 
+Long file: one benchmark whose parts (the prefill, the worker process, the load driver and the report)
+share their constants and are read together; split, each would need the others open beside it.
+
 Each worker process runs trials the way a sweep's supervisors do: it reports an intermediate value
 every second and asks the pruner (``trial.report`` + ``trial.should_prune``, timed together; the
 answer is recorded, not acted on, so every configuration carries the same load), writes a
