@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra import aws
+from infra import ami, aws, buckets, capacity, cluster, cost, iam, network, scale, secrets, sync
 from infra.aws import BadInput, InfraError
 from sweep.redact import scrub
 
@@ -40,14 +40,12 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> N
 # -- commands -------------------------------------------------------------------------------------
 
 def cmd_ami(args: argparse.Namespace) -> int:
-    from infra import ami
 
     print(ami.resolve(aws.client("ssm", _region(args)), args.ssm_parameter))
     return 0
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from infra import ami, capacity, cluster
 
     region = _region(args)
     opts = cluster.Options(
@@ -78,13 +76,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _default_bucket(region: str) -> str:
-    from infra import buckets
 
     return buckets.default_name(aws.account_id(region), region)
 
 
 def cmd_bucket(args: argparse.Namespace) -> int:
-    from infra import buckets
 
     region = _region(args)
     name = args.name or _default_bucket(region)
@@ -97,7 +93,6 @@ def cmd_bucket(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_delete(args: argparse.Namespace) -> int:
-    from infra import buckets
 
     if not args.yes:
         raise BadInput(f"bucket-delete {args.name}: deletes every object and the bucket; add --yes to confirm")
@@ -107,7 +102,6 @@ def cmd_bucket_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_db_url(args: argparse.Namespace) -> int:
-    from infra import secrets
 
     resolved = secrets.resolve(secret_id=args.secret_id, region_name=args.region, host=args.db_host,
                                dbname=args.db_name)
@@ -123,7 +117,6 @@ def cmd_db_url(args: argparse.Namespace) -> int:
 
 def cmd_with_db(args: argparse.Namespace) -> int:
     """Run a command with SWEEP_STORAGE set from the secret; with nothing configured, run it unchanged."""
-    from infra import secrets
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -144,7 +137,6 @@ def cmd_with_db(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from infra import capacity
 
     region = _region(args)
     need = capacity.parse_need(args.need or ["trn2.3xlarge=1"])
@@ -155,7 +147,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from infra import cost
 
     spec = cost.load_spec(args.spec)
     price, source = args.price_usd_per_hour, None
@@ -174,7 +165,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_security_group(args: argparse.Namespace) -> int:
-    from infra import network
 
     out = network.ensure(aws.client("ec2", _region(args)), args.cluster_name, args.ssh_cidr, vpc_id=args.vpc_id)
     lines = [f"security group {out['group_name']} ({out['group_id']}) in {out['vpc_id']}: "
@@ -187,7 +177,6 @@ def cmd_security_group(args: argparse.Namespace) -> int:
 
 
 def cmd_iam(args: argparse.Namespace) -> int:
-    from infra import iam
 
     region = _region(args)
     client = aws.client("iam", region)
@@ -206,7 +195,6 @@ def cmd_iam(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from infra import sync
 
     remote = args.src if args.src.startswith("s3://") else args.dst
     bucket = sync.parse_s3(remote).bucket
@@ -218,7 +206,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from infra import scale
 
     cores = scale.cores_per_worker(args.type, args.lnc)
     wanted = scale.request(args.workers, cores)
@@ -232,7 +219,6 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Preflight: credentials, bucket, database secret, capacity; every problem listed, exit 1 if any."""
-    from infra import buckets, capacity, secrets
 
     region = _region(args)
     problems: list[str] = []
@@ -291,7 +277,6 @@ def _money(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from infra.ami import DEFAULT_SSM_PARAMETER
 
     p = _Parser(prog="python -m infra", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -307,13 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     sp = add("ami", cmd_ami, "print the Neuron DLAMI id from its public SSM parameter")
-    sp.add_argument("--ssm-parameter", default=DEFAULT_SSM_PARAMETER, help=f"default {DEFAULT_SSM_PARAMETER}")
+    sp.add_argument("--ssm-parameter", default=ami.DEFAULT_SSM_PARAMETER, help=f"default {ami.DEFAULT_SSM_PARAMETER}")
 
     sp = add("render-cluster", cmd_render, "render infra/ray/trn2.yaml into runs/aws/CLUSTER/cluster.yaml",
              json_flag=True)
     sp.add_argument("--cluster-name", default="trnsweep")
     sp.add_argument("--ami", help="AMI id to use instead of resolving --ssm-parameter")
-    sp.add_argument("--ssm-parameter", default=DEFAULT_SSM_PARAMETER)
+    sp.add_argument("--ssm-parameter", default=ami.DEFAULT_SSM_PARAMETER)
     sp.add_argument("--zones", default="auto", help="comma-separated zones, or 'auto': the zones offering the types")
     sp.add_argument("--bucket", help="artifact and compile-cache bucket (default trnsweep-ACCOUNT-REGION)")
     sp.add_argument("--head-type", default="m7i.2xlarge")

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from infra.aws import BadInput, InfraError, call
+from sweep.spec import SpecError, load
 
 # On-demand Linux prices in USD per instance-hour. Source: the Amazon EC2 On-Demand pricing page
 # (aws.amazon.com/ec2/pricing/on-demand), US East (Ohio), as publicly reported in 2025; prices
@@ -118,7 +119,6 @@ def chips_per_trial(spec: Any) -> int:
 
 def load_spec(name_or_path: str) -> Any:
     """A study spec through the sweep's own loader (errors become exit-2 one-liners)."""
-    from sweep.spec import SpecError, load
 
     try:
         return load(name_or_path)

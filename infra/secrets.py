@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from infra.aws import BadInput, InfraError, error_code, translate
+from infra.aws import BadInput, InfraError, client, error_code, region, translate
 from sweep.redact import redact as sweep_redact
 from sweep.redact import scrub as sweep_scrub
 
@@ -98,8 +98,6 @@ def resolve(env: Mapping[str, str] | None = None, secret_id: str | None = None, 
         text = _read_file(path)
         return Resolved(url_from_secret(text, str(path), defaults), f"file {path}")
     if sm is None:
-        from infra.aws import client, region
-
         sm = client("secretsmanager", region(region_name))
     text = read_secret(sm, ref)
     return Resolved(url_from_secret(text, f"secret {ref}", defaults), f"secret {ref}")
