@@ -30,6 +30,7 @@ from model.config import RunConfig
 from model.data import DataError, Tokenizer
 from model.democore import resolve_bundle
 from model.evaluate import CoreResult, evaluate_core, load_bundle
+from model.train import load_for_eval
 
 
 class InputError(ValueError):
@@ -37,7 +38,6 @@ class InputError(ValueError):
 
 
 def _load_model(checkpoint: Path, device: torch.device) -> torch.nn.Module:
-    from model.train import load_for_eval
 
     if not checkpoint.is_file():
         raise InputError(f"{checkpoint}: no such checkpoint")

@@ -37,6 +37,7 @@ from model import device as devices  # noqa: E402
 from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.data import BatchLoader, DataError, load_dataset, validation_batches  # noqa: E402
+from model.democore import resolve_bundle  # noqa: E402
 from model.evaluate import evaluate_bpb, evaluate_core, load_bundle  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
@@ -181,7 +182,6 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     cfg.model.vocab_size = ds.vocab_size
     core_tasks = None
     if run.core_bundle:  # read before training: a broken bundle must fail fast, not after the budget
-        from model.democore import resolve_bundle
 
         core_tasks = load_bundle(resolve_bundle(run.core_bundle, run.cache_dir))
     max_loss = run.max_loss or 2.0 * math.log(ds.vocab_size)
