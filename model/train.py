@@ -182,7 +182,6 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     cfg.model.vocab_size = ds.vocab_size
     core_tasks = None
     if run.core_bundle:  # read before training: a broken bundle must fail fast, not after the budget
-
         core_tasks = load_bundle(resolve_bundle(run.core_bundle, run.cache_dir))
     max_loss = run.max_loss or 2.0 * math.log(ds.vocab_size)
     model = GPT(cfg.model).to(rt.device)
