@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         spec = promote.load_spec(args.study, args.command)  # a linked study (NAME-promote-B) too
         url = st.resolve_url(spec.storage)
         if args.command == "run":
-            from sweep.driver import Driver
+            from sweep.run.driver import Driver
 
             return Driver(spec, out=out).run()
         if args.command == "trial":
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         fail(str(e), url)
         return 2
     except Exception as e:
-        from sweep.driver import SweepAborted
+        from sweep.run.driver import SweepAborted
 
         if isinstance(e, SweepAborted):
             fail(str(e), url)
@@ -128,7 +128,7 @@ NO_SWEEP_HINT_AFTER_S = 10.0
 
 def _trial(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> int:
     """Check everything first (nothing is written for bad input), then enqueue or run, then print the result."""
-    from sweep.driver import ATTR_ADHOC_BUDGET, Driver
+    from sweep.run.driver import ATTR_ADHOC_BUDGET, Driver
 
     params = read_params(args.params)
     attrs: dict[str, Any] = {}
@@ -256,7 +256,7 @@ def wait_for_trial(driver: Any, number: int, trial_id: int, poll_s: float = WAIT
     """Follow an enqueued trial until it finishes; print its reports, and a hint if no sweep is running."""
     from optuna.trial import TrialState
 
-    from sweep.worker import ATTR_HEARTBEAT
+    from sweep.run.supervisor import ATTR_HEARTBEAT
 
     storage, spec = driver.study._storage, driver.spec
     t0, hinted, started, seen = time.monotonic(), False, False, set()

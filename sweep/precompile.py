@@ -183,7 +183,7 @@ def compile_config(spec: Any, shape: Shape) -> dict[str, Any]:
 
 
 def compile_task(spec: Any, shape: Shape, number: int) -> Any:
-    from sweep.worker import TrialTask
+    from sweep.run.supervisor import TrialTask
 
     return TrialTask(
         study=spec.name, storage_url="", number=number, trial_id=-1, params=shape.point,
@@ -198,7 +198,7 @@ def _compile_one(task: Any, key: str) -> dict[str, Any]:
     """Ray task body: one compile-only run under the trial supervisor (no study writes)."""
     from dataclasses import replace
 
-    from sweep.worker import Supervisor
+    from sweep.run.supervisor import Supervisor
 
     root = os.environ.get("SWEEP_ARTIFACTS") or ""  # this node's, as trials' working files
     root_dir = REPO_ROOT / "runs" / "artifacts" if not root or root.startswith("s3://") else Path(root)

@@ -13,7 +13,7 @@ from optuna.artifacts import download_artifact
 
 from sweep import artifacts as art
 from sweep import storage as st
-from sweep import worker
+from sweep.run import supervisor as worker
 from tests.sweep_fixtures import ROOT, tiny_spec, write_spec
 
 

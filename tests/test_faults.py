@@ -32,7 +32,7 @@ import optuna
 import pytest
 
 from sweep import storage as st
-from sweep.driver import Driver, counts, needs_retry
+from sweep.run.driver import Driver, counts, needs_retry
 from sweep.spec import load
 from tests.sweep_fixtures import (
     PG_ADMIN,

@@ -12,11 +12,11 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from sweep import driver as drv
 from sweep import storage as st
-from sweep.driver import Driver, counts, needs_retry
+from sweep.run import driver as drv
+from sweep.run.driver import Driver, counts, needs_retry
+from sweep.run.supervisor import ATTR_DRIVER, ATTR_HEARTBEAT, host_identity
 from sweep.spec import load
-from sweep.worker import ATTR_DRIVER, ATTR_HEARTBEAT, host_identity
 from tests.sweep_fixtures import tiny_spec, write_spec
 
 

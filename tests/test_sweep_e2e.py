@@ -14,7 +14,7 @@ import pytest
 
 from sweep import cli
 from sweep import storage as st
-from sweep.driver import Driver, counts
+from sweep.run.driver import Driver, counts
 from sweep.spec import load
 from tests.sweep_fixtures import (
     ROOT,

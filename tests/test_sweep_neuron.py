@@ -17,10 +17,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep import neuron, precompile, worker
+from sweep import neuron, precompile
 from sweep import storage as st
+from sweep.run import supervisor as worker
+from sweep.run.supervisor import Supervisor, TrialTask, run_trial
 from sweep.spec import SpecError, load
-from sweep.worker import Supervisor, TrialTask, run_trial
 from tests.sweep_fixtures import FIXED, ROOT, tiny_spec, write_spec
 
 # -- stand-in Neuron tools ----------------------------------------------------------------------------

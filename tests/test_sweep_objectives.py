@@ -14,10 +14,10 @@ import pytest
 from sweep import cli
 from sweep import objective as obj
 from sweep import storage as st
-from sweep.driver import Driver, SweepAborted
+from sweep.run.driver import Driver, SweepAborted
+from sweep.run.supervisor import TrialTask, run_trial
 from sweep.spec import load
 from sweep.study import best_dict, record_of, trial_result
-from sweep.worker import TrialTask, run_trial
 from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ It starts the trainer (``python -m model.train``, or torchrun for several ranks)
 streams its JSON-lines events, reports each intermediate val_bpb to Optuna on the charged-second
 axis and asks the pruner, stops the trainer when pruned (SIGTERM, then SIGKILL after a grace
 period), kills the whole group at the hard deadline, and always reaps the group before returning.
-A detached reaper (:mod:`sweep.reaper`) kills the group if this process dies first.
+A detached reaper (:mod:`sweep.run.reaper`) kills the group if this process dies first.
 
 The supervisor records the outcome itself (result record as user attributes, then ``tell``), so
 a finished trial is stored even if the driver dies at that moment. Outcomes:
@@ -46,11 +46,11 @@ from sweep import storage as st
 from sweep.artifacts import code_version
 from sweep.limits import is_oom, preexec
 from sweep.neuron import LaunchError, TrialLaunch
-from sweep.reaper import TOKEN_VAR, kill_trial, tagged_pids
+from sweep.run.reaper import TOKEN_VAR, kill_trial, tagged_pids
 
-log = logging.getLogger("sweep.worker")
+log = logging.getLogger("sweep.run.supervisor")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Trial system attributes (hidden in the dashboard) written by the driver and the supervisor.
 ATTR_HEARTBEAT = "sweep:heartbeat"  # unix time, refreshed while someone is responsible for the trial
@@ -244,7 +244,7 @@ class Supervisor:
         self._files: list[IO[Any]] = []
         self._stop = threading.Event()
         self._lost = threading.Event()
-        self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.reaper
+        self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.run.reaper
         self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
         self.artifacts_error: str | None = None  # why the trial's files are not where the spec said
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
@@ -428,7 +428,7 @@ class Supervisor:
         assert self.proc is not None
         r, w = os.pipe()
         try:
-            subprocess.Popen([sys.executable, "-m", "sweep.reaper", str(r), str(self.proc.pid), self.token,
+            subprocess.Popen([sys.executable, "-m", "sweep.run.reaper", str(r), str(self.proc.pid), self.token,
                               f"{deadline_unix:.3f}"],
                              pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,

@@ -38,10 +38,7 @@ from sweep import objective as obj
 from sweep import storage as st
 from sweep.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
 from sweep.neuron import WarmPicker
-from sweep.space import ConstraintViolation
-from sweep.spec import StudySpec, build_pruner, build_sampler
-from sweep.study import best_trial
-from sweep.worker import (
+from sweep.run.supervisor import (
     ATTR_DRIVER,
     ATTR_HEARTBEAT,
     ATTR_STARTED,
@@ -50,6 +47,9 @@ from sweep.worker import (
     host_identity,
     process_alive,
 )
+from sweep.space import ConstraintViolation
+from sweep.spec import StudySpec, build_pruner, build_sampler
+from sweep.study import best_trial
 
 ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
 MAX_CONSTRAINT_REJECTS = 100
@@ -634,8 +634,8 @@ class Driver:
 
 
 def _run_trial_task(task: TrialTask) -> dict[str, Any]:
-    """The Ray task body, kept thin: everything happens in :func:`sweep.worker.run_trial`."""
-    from sweep.worker import run_trial
+    """The Ray task body, kept thin: everything happens in :func:`sweep.run.supervisor.run_trial`."""
+    from sweep.run.supervisor import run_trial
 
     return run_trial(task).as_dict()
 
