@@ -166,7 +166,7 @@ def metric_value(t: Any, objective: obj.Objective, metric: str) -> float | None:
 def top_configs(trials: list[Any], spec: StudySpec, k: int, metric: str | None = None) -> list[dict[str, Any]]:
     """The ``k`` best distinct configurations by ``metric`` (default: the study's value) among the complete
     trials run at the spec's budget."""
-    from sweep.run.driver import ATTR_ADHOC_BUDGET
+    from sweep.run.outcome import ATTR_ADHOC_BUDGET
 
     metric = metric or spec.objective.names[0]
     sign = 1.0 if metric_direction(spec.objective, metric) == "minimize" else -1.0
@@ -328,7 +328,8 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
         fail(str(e), url)
         return 2
     code = 0
-    from sweep.run.driver import Driver, counts
+    from sweep.run.driver import Driver
+    from sweep.run.outcome import counts
 
     if sum(counts(t) for t in study.get_trials(deepcopy=False)) < linked.n_trials:
         code = Driver(linked, out=sys.stderr if args.json else out).run()

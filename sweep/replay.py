@@ -93,7 +93,7 @@ class Replay:
 
 def recorded_trials(trials: Sequence[Any], budget_s: float) -> list[Recorded]:
     """Complete single-valued trials of the spec's budget that reported at least one intermediate value."""
-    from sweep.run.driver import ATTR_ADHOC_BUDGET  # the driver pulls in Ray's side; only needed here
+    from sweep.run.outcome import ATTR_ADHOC_BUDGET
 
     final_step = round(budget_s)
     out = []

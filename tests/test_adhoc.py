@@ -23,7 +23,7 @@ import pytest
 from sweep import artifacts as art
 from sweep import cli
 from sweep import storage as st
-from sweep.run.driver import counts
+from sweep.run.outcome import counts
 from tests.sweep_fixtures import (
     ROOT,
     load_trials,

@@ -15,7 +15,8 @@ from sweep import cli
 from sweep import objective as obj
 from sweep import storage as st
 from sweep.run.driver import Driver, SweepAborted
-from sweep.run.supervisor import TrialTask, run_trial
+from sweep.run.remote import run_trial
+from sweep.run.supervisor import TrialTask
 from sweep.spec import load
 from sweep.study import best_dict, record_of, trial_result
 from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec

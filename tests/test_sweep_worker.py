@@ -16,7 +16,9 @@ import optuna
 import pytest
 
 from sweep import storage as st
-from sweep.run.supervisor import ATTR_STARTED, Reporter, Supervisor, TrialTask, run_trial
+from sweep.run.outcome import ATTR_STARTED
+from sweep.run.remote import run_trial
+from sweep.run.supervisor import Reporter, Supervisor, TrialTask
 from tests.sweep_fixtures import ROOT, processes_with, wait_for
 
 pytestmark = pytest.mark.slow
