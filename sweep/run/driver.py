@@ -7,6 +7,8 @@ dead trials, prints what happens, and stops when the study holds ``n_trials`` fi
 What counts towards ``n_trials``, and which failures are retried, is :mod:`sweep.run.outcome`'s;
 when a RUNNING trial is lost is :mod:`sweep.run.liveness`'s. Lost trials are told FAIL with the
 reason and retried once under a new number with ``retry_of`` pointing back.
+
+(Over 400 lines: one class, the sweep loop and the state it keeps between polls, which reads best whole.)
 """
 
 from __future__ import annotations
