@@ -2,16 +2,18 @@
 
 ``sweep status``, ``best``, ``trial``, ``replay``, ``promote`` and ``export`` all load a study by its spec,
 print the same one-line errors and read trials back as the same dicts (the status and best shapes of
-docs/design.md), so those live here once rather than in the command line.
+docs/design.md), so those live here once rather than in the command line; so does the printing of
+``sweep status`` and ``sweep best``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from sweep import store as st
 from sweep.spec import StudySpec
@@ -128,3 +130,60 @@ def best_trial(trials: list[Any], direction: str) -> Any:
         return None
     pick: Callable[..., Any] = min if direction == "minimize" else max
     return pick(done, key=lambda t: t.value)
+
+
+def fmt_params(params: dict[str, Any]) -> str:
+    """Parameters on one line: ``name=value`` with floats to 4 significant digits."""
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
+    """``sweep status``: the counts by state, then one line per trial (or :func:`status_dict` as JSON)."""
+    d = status_dict(study)
+    if as_json:
+        print(json.dumps(d), file=out)
+        return 0
+    print(f"study {d['study']}: " + ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v), file=out)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for row in d["trials"]:
+        t = by_number[row["number"]]
+        shown = row["values"] if "values" in row else [row["value"]]
+        value = "/".join(f"{v:.4f}" if v is not None else "-" for v in shown or [None])
+        extra = t.user_attrs.get("fail_reason", "")
+        if "retry_of" in t.user_attrs:
+            extra = f"retry of {t.user_attrs['retry_of']}" + (f"; {extra}" if extra else "")
+        print(f"{row['number']:>5} {row['state']:<9} {value:>8}  {fmt_params(row['params'])}"
+              + (f"  [{extra}]" if extra else ""), file=out)
+    return 0
+
+
+def print_best(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
+    """``sweep best``: the best complete trial and its parameters (or :func:`best_dict` as JSON); 1 if none."""
+    d = best_dict(study, spec.direction, spec.objective)
+    if d is None:
+        print(f"sweep: study {spec.name!r} has no complete trial yet", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(d), file=out)
+    else:
+        values = [d["value"]] if "value" in d else [d["val_bpb"]]
+        print(f"best: trial {d['number']} {obj.fmt_values(spec.objective, values, d['record'])}", file=out)
+        for k, v in d["params"].items():
+            print(f"  {k} = {v}", file=out)
+    return 0
+
+
+def print_front(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
+    """``sweep best`` of a pareto study: its front (or :func:`front_dict` as JSON); 1 if empty."""
+    d = front_dict(study, spec.objective)
+    if not d["front"]:
+        print(f"sweep: study {spec.name!r} has no complete trial yet", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(d), file=out)
+        return 0
+    print(f"pareto front of {spec.name} ({spec.objective.describe()}): {len(d['front'])} trial(s)", file=out)
+    for m in d["front"]:
+        print(f"  trial {m['number']} {obj.fmt_values(spec.objective, m['values'], m['record'])}  "
+              f"{fmt_params(m['params'])}", file=out)
+    return 0

@@ -22,7 +22,7 @@ import pytest
 
 from sweep import cli
 from sweep import store as st
-from sweep.driver import counts
+from sweep.run.outcome import counts
 from sweep.spec import spec_hash
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import (

@@ -12,7 +12,9 @@ import pytest
 from optuna.artifacts import download_artifact
 
 from sweep import store as st
-from sweep import worker
+from sweep.run import remote
+from sweep.run.outcome import Outcome
+from sweep.run.supervisor import TrialTask
 from sweep.spec import spec_hash
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import ROOT, tiny_spec, write_spec
@@ -90,8 +92,8 @@ def test_s3_store_round_trip_under_moto(study, tmp_path, monkeypatch):
             store.open_reader(ids["trainer.log"])
 
 
-def _task(store_url: str, work: Path, **kw) -> worker.TrialTask:
-    return worker.TrialTask(study="arts", storage_url="journal:/unused", number=0, trial_id=0, params={}, config={},
+def _task(store_url: str, work: Path, **kw) -> TrialTask:
+    return TrialTask(study="arts", storage_url="journal:/unused", number=0, trial_id=0, params={}, config={},
                             budget_s=4, deadline_s=30, eval_fractions=(0.5,), artifact_dir=str(work),
                             artifact_store=store_url, **kw)
 
@@ -105,8 +107,8 @@ def test_supervisor_uploads_and_only_a_new_best_uploads_its_checkpoint(study, tm
         _files(work)
         (work / "events.jsonl").write_text('{"event": "step"}\n')
         record = {"status": "ok", "val_bpb": value}
-        out = worker.Outcome(number=trial.number, state="COMPLETE", value=value, values=[value], record=record)
-        worker._upload(study, trial, _task(store_url, work), out, work)
+        out = Outcome(number=trial.number, state="COMPLETE", value=value, values=[value], record=record)
+        remote.upload_artifacts(study, trial, _task(store_url, work), out, work)
         study.tell(trial, value)
         frozen = study._storage.get_trial(trial._trial_id)
         uploaded[value] = sorted(m["filename"] for m in art.list_artifacts(frozen))
@@ -118,8 +120,8 @@ def test_supervisor_uploads_and_only_a_new_best_uploads_its_checkpoint(study, tm
     trial = study.ask()
     work = tmp_path / "crash"
     _files(work)
-    out = worker.Outcome(number=trial.number, state="FAIL", fail_kind="crash", reason="trainer killed by SIGKILL")
-    worker._upload(study, trial, _task(store_url, work), out, work)
+    out = Outcome(number=trial.number, state="FAIL", fail_kind="crash", reason="trainer killed by SIGKILL")
+    remote.upload_artifacts(study, trial, _task(store_url, work), out, work)
     frozen = study._storage.get_trial(trial._trial_id)
     assert "final.pt" not in {m["filename"] for m in art.list_artifacts(frozen)}
     assert json.loads((work / "result.json").read_text())["fail_kind"] == "crash"
@@ -134,8 +136,8 @@ def test_a_failed_upload_is_recorded_not_raised(study, tmp_path, monkeypatch):
         trial = study.ask()
         work = tmp_path / "w"
         _files(work)
-        out = worker.Outcome(number=trial.number, state="COMPLETE", value=1.0, values=[1.0], record={"status": "ok"})
-        worker._upload(study, trial, _task("s3://no-such-bucket/p", work), out, work)
+        out = Outcome(number=trial.number, state="COMPLETE", value=1.0, values=[1.0], record={"status": "ok"})
+        remote.upload_artifacts(study, trial, _task("s3://no-such-bucket/p", work), out, work)
     attrs = study._storage.get_trial(trial._trial_id).user_attrs
     assert "NoSuchBucket" in attrs["artifact_error"]
 

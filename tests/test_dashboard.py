@@ -156,7 +156,7 @@ def pareto(tmp_path_factory):
     """A pareto study opened by the sweep's driver (directions and objective names as a sweep sets them)."""
     import io
 
-    from sweep.driver import Driver
+    from sweep.run.driver import Driver
     from sweep.spec import load
 
     d = tmp_path_factory.mktemp("pareto")

@@ -32,7 +32,8 @@ import optuna
 import pytest
 
 from sweep import store as st
-from sweep.driver import Driver, counts, needs_retry
+from sweep.run.driver import Driver
+from sweep.run.outcome import counts, needs_retry
 from sweep.spec import load
 from tests.sweep_fixtures import (
     PG_ADMIN,

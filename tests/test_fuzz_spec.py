@@ -29,6 +29,7 @@ from hypothesis import strategies as hs
 
 from sweep import cli
 from sweep import store as st
+from sweep.run import adhoc
 from sweep.spec import SpecError, expr, load, parse
 from sweep.spec.space import SpaceError
 from sweep.study import UsageError
@@ -276,12 +277,12 @@ param_texts = (param_dicts.map(json.dumps) | hs.text(max_size=80)
 @given(text=param_texts)
 def test_params_json_is_parsed_or_refused_in_one_line(base_spec, text):
     try:
-        params = cli.read_params(text)
+        params = adhoc.read_params(text)
     except UsageError as e:
         assert_one_line(e)
         return
     try:
-        point, _ = cli.adhoc_point(base_spec.space, params, attempts=50)
+        point, _ = adhoc.adhoc_point(base_spec.space, params, attempts=50)
     except SpaceError as e:
         assert_one_line(e)
         return
@@ -298,7 +299,7 @@ def test_cli_exits_2_with_one_line_and_writes_nothing(workdir, base_spec, text, 
     try:
         try:
             bad_params = False
-            cli.adhoc_point(base_spec.space, cli.read_params(text), attempts=50)
+            adhoc.adhoc_point(base_spec.space, adhoc.read_params(text), attempts=50)
         except (UsageError, SpaceError):
             bad_params = True
         cases = []
@@ -335,7 +336,7 @@ def test_params_are_data_never_code(base_spec):
     for text in ['{"depth": "__import__(\'os\').system(\'touch /tmp/pwned\')"}', '{"depth": "1 + 1"}',
                  json.dumps({"depth": payload.decode("latin-1")}), '{"matrix_lr": "0.02"}']:
         with pytest.raises(SpaceError):
-            cli.adhoc_point(base_spec.space, cli.read_params(text), attempts=5)
+            adhoc.adhoc_point(base_spec.space, adhoc.read_params(text), attempts=5)
     assert not Path("/tmp/pwned").exists()
     # TOML cannot carry code either: a string where a number belongs is refused, not evaluated.
     tree = copy.deepcopy(BASE_TREE)

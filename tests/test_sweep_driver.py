@@ -12,11 +12,12 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from sweep import driver as drv
 from sweep import store as st
-from sweep.driver import Driver, counts, needs_retry
+from sweep.run import driver as drv
+from sweep.run.driver import Driver
+from sweep.run.liveness import host_identity
+from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, counts, needs_retry
 from sweep.spec import load
-from sweep.worker import ATTR_DRIVER, ATTR_HEARTBEAT, host_identity
 from tests.sweep_fixtures import tiny_spec, write_spec
 
 
@@ -106,7 +107,7 @@ def test_interrupt_fails_in_flight_trials_as_lost(driver, monkeypatch):
 
     d = driver()
     trial = d.study.ask()
-    d.inflight["ref"] = drv._InFlight(trial.number, trial._trial_id, {}, time.monotonic())
+    d.inflight["ref"] = drv.InFlight(trial.number, trial._trial_id, {}, time.monotonic())
     cancelled = []
     monkeypatch.setattr(ray, "cancel", lambda ref, force=False: cancelled.append((ref, force)))
     d.abandon("driver interrupted (SIGTERM)")
@@ -119,7 +120,7 @@ def test_driver_stores_an_outcome_the_supervisor_could_not(driver):
     d = driver()
     trial = d.study.ask()
     trial.suggest_int("depth", 1, 2)
-    slot = drv._InFlight(trial.number, trial._trial_id, {}, time.monotonic())
+    slot = drv.InFlight(trial.number, trial._trial_id, {}, time.monotonic())
     result = {"number": trial.number, "state": "COMPLETE", "value": 1.25, "fail_kind": None, "reason": None,
               "slot_seconds": 9.0, "told": False, "record": {"status": "ok", "val_bpb": 1.25, "steps": 7}}
     d._tell_from_outcome(slot, result)

@@ -14,7 +14,8 @@ import pytest
 
 from sweep import cli
 from sweep import store as st
-from sweep.driver import Driver, counts
+from sweep.run.driver import Driver
+from sweep.run.outcome import counts
 from sweep.spec import load
 from tests.sweep_fixtures import (
     ROOT,

@@ -17,12 +17,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweep import neuron, worker
+from sweep import neuron
 from sweep import store as st
-from sweep.run import precompile
+from sweep.run import precompile, supervisor
+from sweep.run.remote import run_trial
+from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.run.warm import WarmPicker, pick_warm
 from sweep.spec import SpecError, load
-from sweep.worker import Supervisor, TrialTask, run_trial
 from tests.sweep_fixtures import FIXED, ROOT, tiny_spec, write_spec
 
 # -- stand-in Neuron tools ----------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_multi_chip_trial_launches_one_rank_per_core_over_all_its_cores(tmp_path
     assert plan.attrs["neuron_trial_devices"] == devices and plan.attrs["launch_ranks"] == ranks
     task = TrialTask(study="k", storage_url="", number=0, trial_id=0, params={}, config=plan.config,
                      budget_s=4, deadline_s=9, eval_fractions=(0.5,), ranks=plan.ranks)
-    cmd = worker.trainer_command(task, tmp_path / "c.json", tmp_path)
+    cmd = supervisor.trainer_command(task, tmp_path / "c.json", tmp_path)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"] and cmd[5] == str(ranks)
     plan.close()
 

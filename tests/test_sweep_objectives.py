@@ -13,11 +13,12 @@ import pytest
 
 from sweep import cli
 from sweep import store as st
-from sweep.driver import Driver, SweepAborted
+from sweep.run.driver import Driver, SweepAborted
+from sweep.run.remote import run_trial
+from sweep.run.supervisor import TrialTask
 from sweep.spec import load
 from sweep.spec import objective as obj
 from sweep.study import best_dict, record_of, trial_result
-from sweep.worker import TrialTask, run_trial
 from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec
 
 pytestmark = pytest.mark.slow

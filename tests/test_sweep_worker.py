@@ -16,7 +16,9 @@ import optuna
 import pytest
 
 from sweep import store as st
-from sweep.worker import ATTR_STARTED, Reporter, Supervisor, TrialTask, run_trial
+from sweep.run.outcome import ATTR_STARTED
+from sweep.run.remote import run_trial
+from sweep.run.supervisor import Reporter, Supervisor, TrialTask
 from tests.sweep_fixtures import ROOT, processes_with, wait_for
 
 pytestmark = pytest.mark.slow
@@ -169,7 +171,7 @@ def test_reaper_kills_the_group_when_the_supervisor_dies(tmp_path, config):
     task = make_task(tmp_path, config, budget_s=60, deadline_s=120)
     script.write_text(textwrap.dedent(f"""
         import json
-        from sweep.worker import Supervisor, TrialTask
+        from sweep.run.supervisor import Supervisor, TrialTask
         d = json.loads({json.dumps(json.dumps({k: v for k, v in task.__dict__.items() if k != "objective"},
                                               default=list))})
         d["eval_fractions"] = tuple(d["eval_fractions"]); d["pruner"] = tuple(d["pruner"])
@@ -180,10 +182,10 @@ def test_reaper_kills_the_group_when_the_supervisor_dies(tmp_path, config):
         events = tmp_path / "art" / "events.jsonl"
         wait_for(lambda: events.exists() and '"step"' in events.read_text(), 30, what="the first step")
         assert processes_with(str(tmp_path / "art"))
-        reapers = processes_with("sweep.reaper")
+        reapers = processes_with("sweep.run.reaper")
         proc.kill()
         proc.wait()
         assert_no_trainer_left(tmp_path)
-        wait_for(lambda: not set(reapers) & set(processes_with("sweep.reaper")), 10, what="the reaper to exit")
+        wait_for(lambda: not set(reapers) & set(processes_with("sweep.run.reaper")), 10, what="the reaper to exit")
     finally:
         proc.kill()

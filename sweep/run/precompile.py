@@ -39,8 +39,8 @@ from typing import Any, TextIO
 
 from sweep import neuron
 from sweep import store as st
+from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.spec.expr import ExprError
-from sweep.worker import Supervisor, TrialTask
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_SHAPES = 64

@@ -43,7 +43,8 @@ import sys
 from typing import Any, TextIO
 
 from sweep import store as st
-from sweep.driver import ATTR_ADHOC_BUDGET, Driver, counts
+from sweep.run.driver import Driver
+from sweep.run.outcome import ATTR_ADHOC_BUDGET, counts
 from sweep.ship.replicates import ATTR_PROMOTE, SEED, config_key, metric_direction, metric_value, print_report, report
 from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
 from sweep.spec import objective as obj

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from sweep.driver import ATTR_ADHOC_BUDGET
+from sweep.run.outcome import ATTR_ADHOC_BUDGET
 from sweep.spec import Component, SpecReader, StudySpec, build_pruner, build_sampler, read_pruner, read_sampler
 from sweep.study import fail, load_study
 

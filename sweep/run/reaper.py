@@ -6,7 +6,7 @@ every process of a trial also carries ``SWEEP_TRIAL_TOKEN=<uuid>`` in its enviro
 descendant inherits whatever its session or parent; :func:`kill_trial` signals the group and then
 every process whose initial environment holds the token.
 
-``python -m sweep.reaper FD PGID TOKEN DEADLINE``: the supervisor (a Ray worker) can be SIGKILLed,
+``python -m sweep.run.reaper FD PGID TOKEN DEADLINE``: the supervisor (a Ray worker) can be SIGKILLed,
 OOM-killed or torn down with its driver, and then its ``finally`` never runs, while an orphaned
 Neuron process keeps its cores. The reaper detaches (double fork, so Ray's cleanup of a dead
 worker's children does not take it first) and watches a pipe whose write end only the supervisor

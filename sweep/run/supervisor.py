@@ -4,10 +4,11 @@ It starts the trainer (``python -m model.train``, or torchrun for several ranks)
 streams its JSON-lines events, reports each intermediate val_bpb to Optuna on the charged-second
 axis and asks the pruner, stops the trainer when pruned (SIGTERM, then SIGKILL after a grace
 period), kills the whole group at the hard deadline, and always reaps the group before returning.
-A detached reaper (:mod:`sweep.reaper`) kills the group if this process dies first.
+A detached reaper (:mod:`sweep.run.reaper`) kills the group if this process dies first.
 
-The supervisor records the outcome itself (result record as user attributes, then ``tell``), so
-a finished trial is stored even if the driver dies at that moment. Outcomes:
+It turns the trainer's events and exit into an :class:`~sweep.run.outcome.Outcome` and writes nothing
+to the study but through its :class:`Reporter`: :mod:`sweep.run.remote` opens the trial, runs it and
+stores what it returns. Outcomes:
 
 - trainer ``ok`` -> COMPLETE with the objective's value(s) from the record (:mod:`sweep.spec.objective`:
   val_bpb, a Pareto pair such as val_bpb and core, or a composite score); a record lacking a metric the
@@ -19,6 +20,8 @@ a finished trial is stored even if the driver dies at that moment. Outcomes:
 - no result line: exit 2 -> FAIL ``config`` (the driver aborts the sweep: every trial would fail
   alike); killed at the deadline -> FAIL ``deadline``; any other exit or signal -> FAIL ``crash``,
   which the driver retries once with the same parameters.
+
+(Over 400 lines: one class, the trainer group's whole life, which reads best in one place.)
 """
 
 from __future__ import annotations
@@ -29,35 +32,26 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from sweep import store as st
 from sweep.neuron import LaunchError, TrialLaunch
-from sweep.reaper import TOKEN_VAR, kill_trial, tagged_pids
+from sweep.run.outcome import Outcome
+from sweep.run.reaper import TOKEN_VAR, kill_trial, tagged_pids
 from sweep.spec import objective as obj
 from sweep.spec.limits import is_oom, preexec
-from sweep.store import artifacts
-from sweep.store.artifacts import code_version
 
-log = logging.getLogger("sweep.worker")
+log = logging.getLogger("sweep.run.supervisor")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# Trial system attributes (hidden in the dashboard) written by the driver and the supervisor.
-ATTR_HEARTBEAT = "sweep:heartbeat"  # unix time, refreshed while someone is responsible for the trial
-ATTR_DRIVER = "sweep:driver"  # {"host", "pid", "pid_start", "run"} of the driver that asked it
-ATTR_STARTED = "sweep:started"  # unix time the supervisor started (the task left Ray's queue)
-
-RETRYABLE = frozenset({"crash", "lost"})
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -99,29 +93,6 @@ class TrialTask:
         return round(self.budget_s)
 
 
-@dataclass
-class Outcome:
-    """How a trial ended, as returned to the driver. ``told``: the supervisor stored it itself."""
-
-    number: int
-    state: str  # "COMPLETE" | "PRUNED" | "FAIL"
-    value: float | None = None  # single and composite objectives
-    values: list[float] | None = None  # every objective value of a COMPLETE trial (one for single objectives)
-    fail_kind: str | None = None
-    reason: str | None = None
-    slot_seconds: float = 0.0
-    told: bool = False
-    record: dict[str, Any] | None = None
-    last_step: int | None = None
-
-    @property
-    def retryable(self) -> bool:
-        return self.state == "FAIL" and self.fail_kind in RETRYABLE
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: str | None = None) -> list[str]:
     """The trainer's command line; torchrun when the spec asks for several ranks."""
     python = python or sys.executable
@@ -130,49 +101,6 @@ def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: s
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(task.ranks),
                 "-m", task.trainer, *args]
     return [python, "-m", task.trainer, *args]
-
-
-def run_trial(task: TrialTask) -> Outcome:
-    """Supervise one trial end to end and record its outcome in the study. Never raises for trainer
-    trouble; raises only if the study itself cannot be reached."""
-    t0 = time.monotonic()
-    study, trial = _open_trial(task)
-    sup = Supervisor(task, reporter=_OptunaReporter(study, trial, task))
-    sup.marks["opened"] = time.monotonic() - t0
-    # The commit of the code this trial runs, asked of git beside the launch, off the critical path.
-    version: dict[str, Any] = {}
-    probe = threading.Thread(target=lambda: version.update(code_version()), daemon=True)
-    probe.start()
-    try:
-        outcome = sup.run()
-    finally:
-        sup.close()
-    probe.join(timeout=10)
-    try:
-        outcome.told = _record(study, trial, task, outcome, sup, t0, version)
-    except Exception as e:  # the driver stores the outcome instead (it gets it from Ray)
-        log.warning("trial %d: could not store the outcome: %s", task.number, st.scrub(str(e), task.storage_url))
-        outcome.told = False
-        outcome.slot_seconds = outcome.slot_seconds or time.monotonic() - t0
-    return outcome
-
-
-def _open_trial(task: TrialTask) -> tuple[Any, Any]:
-    import optuna
-
-    from sweep.spec import Component, build_pruner
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = st.open_storage(task.storage_url, role="worker")
-    pruner = build_pruner(Component(task.pruner[0], task.pruner[1]))
-    study = st.retry(lambda: optuna.load_study(study_name=task.study, storage=storage,
-                                               sampler=optuna.samplers.RandomSampler(), pruner=pruner),
-                     what="load study", url=task.storage_url)
-    trial = st.retry(lambda: optuna.trial.Trial(study, task.trial_id), what="load trial", url=task.storage_url)
-    now = time.time()
-    st.retry(lambda: study._storage.set_trial_system_attr(task.trial_id, ATTR_STARTED, now),
-             what="mark started", url=task.storage_url)
-    return study, trial
 
 
 class Reporter:
@@ -187,38 +115,6 @@ class Reporter:
 
     def heartbeat(self) -> bool:
         """Refresh liveness; return False when the trial has been finished by someone else."""
-        return True
-
-
-class _OptunaReporter(Reporter):
-    def __init__(self, study: Any, trial: Any, task: TrialTask) -> None:
-        self.study, self.trial, self.task = study, trial, task
-
-    def report(self, value: float, step: int) -> bool:
-        def call() -> bool:
-            if step not in self.trial._cached_frozen_trial.intermediate_values:
-                self.trial.report(value, step)
-            return bool(self.trial.should_prune())
-
-        return st.retry(call, what=f"report trial {self.task.number}", url=self.task.storage_url, attempts=4)
-
-    def keep(self, curve: list[list[float]]) -> None:
-        st.retry(lambda: self.study._storage.set_trial_user_attr(self.task.trial_id, obj.ATTR_CURVE, curve),
-                 what=f"curve of trial {self.task.number}", url=self.task.storage_url, attempts=4)
-
-    def heartbeat(self) -> bool:
-        from optuna.exceptions import UpdateFinishedTrialError
-
-        try:
-            st.retry(lambda: self.study._storage.set_trial_system_attr(self.task.trial_id, ATTR_HEARTBEAT,
-                                                                      time.time()),
-                     what="heartbeat", url=self.task.storage_url, attempts=3)
-        except (UpdateFinishedTrialError, RuntimeError) as e:
-            if "finished" in str(e).lower():
-                return False
-            log.warning("heartbeat of trial %d failed: %s", self.task.number, st.scrub(str(e), self.task.storage_url))
-        except Exception as e:  # a database outage must not kill a healthy trial
-            log.warning("heartbeat of trial %d failed: %s", self.task.number, st.scrub(str(e), self.task.storage_url))
         return True
 
 
@@ -244,7 +140,7 @@ class Supervisor:
         self._files: list[IO[Any]] = []
         self._stop = threading.Event()
         self._lost = threading.Event()
-        self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.reaper
+        self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.run.reaper
         self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
         self.artifacts_error: str | None = None  # why the trial's files are not where the spec said
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
@@ -384,10 +280,10 @@ class Supervisor:
         if kind == "step" and self.first_step_unix is None:
             self.first_step_unix = time.time()
         elif kind == "eval" and self._pruned_at is None:
-            value = _float(ev.get("val_bpb"))
-            progress = _float(ev.get("progress"))
+            value = as_float(ev.get("val_bpb"))
+            progress = as_float(ev.get("progress"))
             if progress is None:
-                charged = _float(ev.get("charged_s")) or 0.0
+                charged = as_float(ev.get("charged_s")) or 0.0
                 progress = charged / self.task.budget_s
             if value is None:
                 return False
@@ -428,7 +324,7 @@ class Supervisor:
         assert self.proc is not None
         r, w = os.pipe()
         try:
-            subprocess.Popen([sys.executable, "-m", "sweep.reaper", str(r), str(self.proc.pid), self.token,
+            subprocess.Popen([sys.executable, "-m", "sweep.run.reaper", str(r), str(self.proc.pid), self.token,
                               f"{deadline_unix:.3f}"],
                              pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
@@ -518,117 +414,6 @@ class Supervisor:
         return out
 
 
-def _record(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor, t0: float,
-            version: dict[str, Any] | None = None) -> bool:
-    """Store the record, the artifacts and the outcome; False when someone else finished the trial first.
-
-    ``slot_seconds`` (task start to just before ``tell``) is measured after every other write, so it
-    covers all the supervisor's own work, uploads included.
-    """
-    import optuna
-    from optuna.trial import TrialState
-
-    attrs: dict[str, Any] = dict(out.record or {})
-    attrs["record_fields"] = sorted(out.record or {})
-    attrs["artifacts"] = str(sup.artifact_dir)
-    if sup.artifacts_error:
-        attrs["artifacts_error"] = sup.artifacts_error
-    attrs["supervisor_seconds"] = _phases(sup.marks, t0)
-    attrs.update(task.attrs)
-    attrs.update(sup.launch_attrs)
-    attrs.update(version or {})
-    if sup.launch_unix is not None:
-        attrs["launch_unix"] = sup.launch_unix
-    if sup.first_step_unix is not None:
-        attrs["first_step_unix"] = sup.first_step_unix
-    if out.fail_kind:
-        attrs["fail_kind"] = out.fail_kind
-    if out.reason and out.state != "COMPLETE":
-        attrs["fail_reason"] = out.reason
-    with contextlib.suppress(OSError):
-        (sup.artifact_dir / "outcome.json").write_text(json.dumps({**out.as_dict(), "attrs": attrs}, default=str))
-    try:
-        current = st.retry(lambda: study._storage.get_trial(task.trial_id), url=task.storage_url)
-        if current.state.is_finished():
-            out.slot_seconds = time.monotonic() - t0
-            return False
-        for k, v in attrs.items():
-            st.retry(lambda k=k, v=v: study._storage.set_trial_user_attr(task.trial_id, k, v), url=task.storage_url)
-        rec = out.record or {}
-        final = _float(rec.get("val_bpb")) if rec.get("status") == "ok" else None
-        if final is not None and task.objective.kind != "single":
-            curve = [*sup.curve, [task.final_step, final]]
-            st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, obj.ATTR_CURVE, curve),
-                     url=task.storage_url)
-        reported = task.objective.intermediate(final) if final is not None and out.state == "COMPLETE" else None
-        if reported is not None and task.final_step not in trial._cached_frozen_trial.intermediate_values:
-            st.retry(lambda: trial.report(reported, task.final_step), url=task.storage_url)
-        _upload(study, trial, task, out, sup.artifact_dir)
-        out.slot_seconds = time.monotonic() - t0
-        st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, "slot_seconds", round(out.slot_seconds, 3)),
-                 url=task.storage_url)
-        state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[out.state]
-        values = out.values if out.state == "COMPLETE" else None
-        frozen = st.retry(lambda: study.tell(task.number, values, state=state, skip_if_finished=True),
-                          url=task.storage_url)
-        return frozen.state == state
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
-    except RuntimeError as e:
-        if "finished" in str(e).lower():
-            return False
-        raise
-
-
-def _upload(study: Any, trial: Any, task: TrialTask, out: Outcome, work: Path) -> None:
-    """Upload the trial's files to the artifact store (see :mod:`sweep.store.artifacts`); never fails the trial."""
-    if not task.artifact_store:
-        return
-    try:
-        result = work / "result.json"
-        body = out.record if out.record is not None else {k: v for k, v in out.as_dict().items() if k != "record"}
-        result.write_text(json.dumps(body, indent=1, default=str) + "\n")
-        files = [work / "config.json", work / "trainer.log", work / "events.jsonl", result]
-        if out.state == "COMPLETE" and _keeps_checkpoint(study, task.objective, out):
-            files.append(work / "final.pt")
-        store = artifacts.open_store(task.artifact_store)
-        for f in files:  # one retry unit per file, so a retried write cannot upload a file twice
-            st.retry(lambda f=f: artifacts.upload_files(store, trial, [f]), what=f"upload {f.name}",
-                     url=task.storage_url)
-    except Exception as e:  # a full bucket or missing credentials must not lose the trial's outcome
-        reason = st.scrub(f"{type(e).__name__}: {e}", task.storage_url)[:500]
-        log.warning("trial %d: artifact upload failed: %s", task.number, reason)
-        with contextlib.suppress(Exception):
-            study._storage.set_trial_user_attr(task.trial_id, "artifact_error", reason)
-
-
-def _keeps_checkpoint(study: Any, objective: obj.Objective, out: Outcome) -> bool:
-    """Whether the trial's weights are worth uploading: a new best, or on the Pareto front."""
-    if out.values is None:
-        return False
-    if not objective.multi:
-        return artifacts.beats_best(study, out.values[0])
-    from optuna.trial import TrialState
-
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return not any(obj.dominates(t.values, out.values, objective.directions) for t in done)
-
-
-def _phases(marks: dict[str, float], t0: float) -> dict[str, float]:
-    """Where the supervisor's own time went: study open, launch, reaper start, exit after the result."""
-    m = {k: v for k, v in marks.items() if k != "opened"}
-    out = {"open": round(marks.get("opened", 0.0), 3)}
-    if "launched" in m and "opened" in marks:
-        out["launch"] = round(m["launched"] - t0 - marks["opened"], 3)
-    if "reaper" in m and "launched" in m:
-        out["reaper"] = round(m["reaper"] - m["launched"], 3)
-    if "result" in m and "reaped" in m:
-        out["exit_after_result"] = round(m["reaped"] - m["result"], 3)
-    if "reaped" in m:
-        out["record"] = round(time.monotonic() - m["reaped"], 3)
-    return out
-
-
 def _pump(stream: IO[bytes] | None, q: queue.Queue[bytes | None]) -> None:
     assert stream is not None
     try:
@@ -638,7 +423,7 @@ def _pump(stream: IO[bytes] | None, q: queue.Queue[bytes | None]) -> None:
         q.put(None)
 
 
-def _float(v: Any) -> float | None:
+def as_float(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
@@ -654,31 +439,3 @@ def _tail(path: Path, limit: int = 300) -> str:
     except OSError:
         return ""
     return lines[-1][:limit] if lines else ""
-
-
-def host_identity() -> dict[str, Any]:
-    """Who this process is, precisely enough to tell later whether it is still alive."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start_time(os.getpid())}
-
-
-def process_start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (clock ticks since boot), to tell a live pid from a reused one."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_alive(identity: dict[str, Any]) -> bool | None:
-    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
-    if identity.get("host") != socket.gethostname():
-        return None
-    pid = identity.get("pid")
-    if not isinstance(pid, int):
-        return None
-    start = process_start_time(pid)
-    if start is None:
-        return False
-    return identity.get("pid_start") in (None, start)

@@ -4,18 +4,11 @@ It creates or resumes the Optuna study, keeps one trial in flight per free slot 
 (``max_retries=0``, the slot's resources, one supervisor and one trainer group per task), notices
 dead trials, prints what happens, and stops when the study holds ``n_trials`` finished trials.
 
-What counts towards ``n_trials``: every COMPLETE and PRUNED trial, and every FAIL that is final.
-A FAIL is not final when it is a constraint rejection (never ran) or a retryable failure
-(``crash``, ``lost``) of an original trial, because its retry stands in for it. So each proposed
-point is run at most twice and the loop always terminates. Ad-hoc trials (``sweep trial``) do not
-count.
+What counts towards ``n_trials``, and which failures are retried, is :mod:`sweep.run.outcome`'s;
+when a RUNNING trial is lost is :mod:`sweep.run.liveness`'s. Lost trials are told FAIL with the
+reason and retried once under a new number with ``retry_of`` pointing back.
 
-Liveness: a trial is RUNNING while someone vouches for it. The driver writes the heartbeat of its
-trials still queued in Ray; the supervisor writes it every ``heartbeat_s`` once started. A RUNNING
-trial nobody owns in this process is lost when its heartbeat is older than ``stale_after_s``, or
-at once when the driver that asked it ran on this host and that process is gone (a killed local
-driver takes its local Ray, its tasks and, through the reaper, its trainers with it). Lost trials
-are told FAIL with the reason and retried once under a new number with ``retry_of`` pointing back.
+(Over 400 lines: one class, the sweep loop and the state it keeps between polls, which reads best whole.)
 """
 
 from __future__ import annotations
@@ -30,28 +23,31 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import store as st
+from sweep.run import liveness, printing
+from sweep.run.outcome import (
+    ATTR_ADHOC,
+    ATTR_ADHOC_BUDGET,
+    ATTR_RANDOM_FEASIBLE,
+    ATTR_SPEC_HASH,
+    CONSTRAINT,
+    RETRYABLE,
+    counts,
+    enqueue_retry,
+    fail_trial,
+    retries_due,
+    tell_returned,
+)
+from sweep.run.remote import run_trial_task
+from sweep.run.supervisor import TrialTask
 from sweep.run.warm import WarmPicker
 from sweep.spec import StudySpec, build_pruner, build_sampler, spec_hash
 from sweep.spec import objective as obj
 from sweep.spec.space import ConstraintViolation
 from sweep.store import artifacts as art
-from sweep.store.artifacts import DEFAULT_ARTIFACTS, ENV_ARTIFACTS  # noqa: F401 - re-exported
-from sweep.study import best_trial
-from sweep.worker import (
-    ATTR_DRIVER,
-    ATTR_HEARTBEAT,
-    ATTR_STARTED,
-    RETRYABLE,
-    TrialTask,
-    host_identity,
-    process_alive,
-)
 
-ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
 MAX_CONSTRAINT_REJECTS = 100
 PROGRESS_EVERY_S = 30.0
 
@@ -60,37 +56,10 @@ class SweepAborted(Exception):
     """The sweep cannot go on (e.g. the trainer rejects the spec's config); exit 2, one line."""
 
 
-def counts(t: Any) -> bool:
-    """Whether a finished trial uses up one of the study's ``n_trials`` (see module docstring)."""
-    from optuna.trial import TrialState
-
-    if t.user_attrs.get("adhoc"):
-        return False
-    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-        return True
-    if t.state == TrialState.FAIL:
-        kind = t.user_attrs.get("fail_kind")
-        if kind == "constraint":
-            return False
-        return not (kind in RETRYABLE and "retry_of" not in t.user_attrs)
-    return False
-
-
-def needs_retry(t: Any) -> bool:
-    """A FAIL whose retry has not been enqueued yet must get one (checked against existing retries)."""
-    from optuna.trial import TrialState
-
-    return (t.state == TrialState.FAIL and t.user_attrs.get("fail_kind") in RETRYABLE
-            and "retry_of" not in t.user_attrs and not t.user_attrs.get("adhoc"))
-
-
-def artifacts_root(spec: StudySpec) -> Path:
-    """Where trials keep their working files (uploads go to the artifact store, see sweep.store.artifacts)."""
-    return art.scratch_root(art.artifacts_url(spec.artifacts))
-
-
 @dataclass
-class _InFlight:
+class InFlight:
+    """A trial the driver submitted and waits for."""
+
     number: int
     trial_id: int
     params: dict[str, Any]
@@ -111,8 +80,8 @@ class Driver:
         self.url = st.resolve_url(spec.storage)
         self.spec_hash = spec_hash(spec.path)
         self.run_id = uuid.uuid4().hex[:8]
-        self.identity = {**host_identity(), "run": self.run_id}
-        self.inflight: dict[Any, _InFlight] = {}
+        self.identity = {**liveness.host_identity(), "run": self.run_id}
+        self.inflight: dict[Any, InFlight] = {}
         self.t0 = time.monotonic()
         self._started_ray = False
         self._last_scan = 0.0
@@ -130,10 +99,6 @@ class Driver:
 
     def say(self, msg: str) -> None:
         print(st.scrub(msg, self.url), file=self.out, flush=True)
-
-    def _elapsed(self) -> str:
-        s = int(time.monotonic() - self.t0)
-        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -222,11 +187,11 @@ class Driver:
             while True:
                 if self._stop:
                     raise KeyboardInterrupt(self._stop)
-                trials = self._scan()
+                trials = self.scan()
                 done = sum(counts(t) for t in trials)
                 # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
-                running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get("adhoc"))
-                adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get("adhoc"))
+                running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
+                adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
                 want = max(spec.n_trials - done - running, adhoc)
                 while want > 0 and len(self.inflight) < self.slots() and not self._stop:
                     if self.launch_next():
@@ -286,26 +251,20 @@ class Driver:
 
     def launch_next(self) -> bool:
         """Ask one trial and submit it; False when it was rejected by a constraint."""
-        from optuna.trial import TrialState
-
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
-        storage = study._storage
-        storage.set_trial_system_attr(trial._trial_id, ATTR_DRIVER, self.identity)
-        storage.set_trial_system_attr(trial._trial_id, ATTR_HEARTBEAT, time.time())
+        liveness.claim(study._storage, trial._trial_id, self.identity)
         try:
             params = spec.space.suggest(trial)
         except ConstraintViolation as cv:
-            for k, v in {"fail_kind": "constraint", "fail_reason": str(cv)}.items():
-                storage.set_trial_user_attr(trial._trial_id, k, v)
-            st.retry(lambda: study.tell(trial, state=TrialState.FAIL, skip_if_finished=True), url=self.url)
+            fail_trial(study, trial._trial_id, trial.number, CONSTRAINT, str(cv), self.url)
             self._rejects += 1
             if self._rejects >= MAX_CONSTRAINT_REJECTS:
                 point = spec.space.sample_feasible(self._rng)
                 if point is not None:
                     self.say(f"{self._rejects} constraint rejections in a row; enqueueing a random feasible point")
-                    study.enqueue_trial(point, user_attrs={"random_feasible": True})
+                    study.enqueue_trial(point, user_attrs={ATTR_RANDOM_FEASIBLE: True})
                 self._rejects = 0
             return False
         self._rejects = 0
@@ -341,16 +300,14 @@ class Driver:
             eval_fractions=spec.eval_fractions, ranks=spec.ranks, trainer=spec.trainer,
             stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s, env=dict(spec.env), pruner=pruner,
             artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
-            attrs={"spec_hash": self.spec_hash}, compile_cache=spec.compile_cache, objective=spec.objective,
+            attrs={ATTR_SPEC_HASH: self.spec_hash}, compile_cache=spec.compile_cache, objective=spec.objective,
         )
         if self._remote is None:
-            self._remote = ray.remote(_run_trial_task)
+            self._remote = ray.remote(run_trial_task)
         ref = self._remote.options(max_retries=0, name=f"{spec.name}-trial-{number}",
                                    **spec.resources.ray_options()).remote(task)
-        self.inflight[ref] = _InFlight(number, trial_id, params, time.monotonic(), deadline_s=task.deadline_s)
-        note = f" (retry of trial {user_attrs['retry_of']})" if "retry_of" in user_attrs else ""
-        note += " (ad hoc)" if user_attrs.get("adhoc") else ""
-        self.say(f"trial {number} started{note}: {_fmt_params(params)}")
+        self.inflight[ref] = InFlight(number, trial_id, params, time.monotonic(), deadline_s=task.deadline_s)
+        self.say(printing.started_line(number, params, user_attrs))
 
     # -- waiting and results --------------------------------------------------------------------
 
@@ -370,7 +327,7 @@ class Driver:
         else:
             self.progress()
 
-    def finish(self, slot: _InFlight, ref: Any) -> None:
+    def finish(self, slot: InFlight, ref: Any) -> None:
         import ray
 
         try:
@@ -383,60 +340,29 @@ class Driver:
             elif slot.cancelled:
                 kind, reason = "lost", slot.cancelled
             elif isinstance(e, ray.exceptions.OutOfMemoryError):
-                kind, reason = "oom", f"Ray's memory monitor killed the worker: {_one_line(e)}"
+                kind, reason = "oom", f"Ray's memory monitor killed the worker: {printing.one_line(e)}"
             else:
-                kind, reason = "lost", f"worker died: {_one_line(e)}"
+                kind, reason = "lost", f"worker died: {printing.one_line(e)}"
             self.fail(slot.number, slot.trial_id, kind, reason)
             self._retry_if_needed(slot.number)
             return
         self._print_reports(slot)
         if not result["told"]:
             self._tell_from_outcome(slot, result)
-        self._print_outcome(slot, result)
+        self.say(printing.outcome_line(slot.number, result, self.spec.objective))
         if result["fail_kind"] == "config":
             raise SweepAborted(f"trial {slot.number}: {result['reason']}")
         if result["state"] == "FAIL" and result["fail_kind"] in RETRYABLE:
             self._retry_if_needed(slot.number)
 
-    def _tell_from_outcome(self, slot: _InFlight, result: dict[str, Any]) -> None:
+    def _tell_from_outcome(self, slot: InFlight, result: dict[str, Any]) -> None:
         """The supervisor could not store its outcome (database outage); store it from here."""
-        from optuna.trial import TrialState
-
-        t = self.study._storage.get_trial(slot.trial_id)
-        if t.state.is_finished():
-            return
-        attrs = dict(result.get("record") or {})
-        attrs["record_fields"] = sorted(result.get("record") or {})
-        attrs.update({k: result[k] for k in ("fail_kind",) if result.get(k)})
-        if result.get("reason") and result["state"] != "COMPLETE":
-            attrs["fail_reason"] = result["reason"]
-        attrs["slot_seconds"] = result.get("slot_seconds")
-        for k, v in attrs.items():
-            st.retry(lambda k=k, v=v: self.study._storage.set_trial_user_attr(slot.trial_id, k, v), url=self.url)
-        state = TrialState[result["state"]]
-        values = None
-        if state == TrialState.COMPLETE:  # a supervisor of older code returns "value" only
-            values = result.get("values") or [result["value"]]
-        st.retry(lambda: self.study.tell(slot.number, values, state=state, skip_if_finished=True), url=self.url)
+        tell_returned(self.study, slot.trial_id, result, self.url)
 
     def fail(self, number: int, trial_id: int, kind: str, reason: str) -> bool:
         """Tell FAIL with kind and reason unless the trial already finished; True if this call did."""
-        from optuna.exceptions import UpdateFinishedTrialError
-        from optuna.trial import TrialState
-
-        storage = self.study._storage
-        try:
-            if st.retry(lambda: storage.get_trial(trial_id), url=self.url).state.is_finished():
-                return False
-            for k, v in {"fail_kind": kind, "fail_reason": reason}.items():
-                st.retry(lambda k=k, v=v: storage.set_trial_user_attr(trial_id, k, v), url=self.url)
-            st.retry(lambda: self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True), url=self.url)
-        except UpdateFinishedTrialError:
+        if not fail_trial(self.study, trial_id, number, kind, reason, self.url):
             return False
-        except RuntimeError as e:
-            if "finished" in str(e).lower():
-                return False
-            raise
         self.say(f"trial {number} FAIL ({kind}): {reason}")
         return True
 
@@ -446,15 +372,9 @@ class Driver:
     def _enqueue_retries(self, only: set[int] | None = None) -> None:
         """Enqueue the missing retries, judged on a fresh read so no failure is retried twice."""
         trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
-        retried = {t.user_attrs.get("retry_of") for t in trials}
-        for t in trials:
-            if only is not None and t.number not in only:
-                continue
-            if needs_retry(t) and t.number not in retried:
-                st.retry(lambda t=t: self.study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number}),
-                         url=self.url)
-                retried.add(t.number)
-                self.say(f"trial {t.number}: retry enqueued with the same parameters")
+        for t in retries_due(trials, only):
+            enqueue_retry(self.study, t, self.url)
+            self.say(f"trial {t.number}: retry enqueued with the same parameters")
 
     # -- liveness -------------------------------------------------------------------------------
 
@@ -462,14 +382,11 @@ class Driver:
         """On start: fail RUNNING trials whose owner is gone, and enqueue retries that are missing."""
         trials = self.study.get_trials(deepcopy=False)
         if trials:
-            states: dict[str, int] = {}
-            for t in trials:
-                states[t.state.name] = states.get(t.state.name, 0) + 1
-            self.say(f"resuming study {self.spec.name}: {len(trials)} trials so far ({_fmt_counts(states)})")
-        self._scan(force=True)
+            self.say(printing.resuming_line(self.spec.name, trials))
+        self.scan(force=True)
         self._enqueue_retries()
 
-    def _scan(self, force: bool = False) -> list[Any]:
+    def scan(self, force: bool = False) -> list[Any]:
         """All trials; every heartbeat interval also checks liveness and prints new reports."""
         trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
         now = time.monotonic()
@@ -492,46 +409,25 @@ class Driver:
             trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
         return trials
 
-    def _check_own(self, t: Any, ref: Any, slot: _InFlight, wall: float) -> bool:
+    def _check_own(self, t: Any, ref: Any, slot: InFlight, wall: float) -> bool:
         import ray
 
-        started = t.system_attrs.get(ATTR_STARTED)
-        storage = self.study._storage
-        if started is None:
+        if liveness.started_at(t) is None:  # still queued in Ray: the driver vouches for it
             with contextlib.suppress(Exception):
-                storage.set_trial_system_attr(t._trial_id, ATTR_HEARTBEAT, wall)
+                liveness.beat(self.study._storage, t._trial_id, wall)
             return False
-        slot.started = started
+        slot.started = liveness.started_at(t)
         self._print_reports(slot, t)
-        beat = t.system_attrs.get(ATTR_HEARTBEAT, started)
         spec = self.spec
-        why = None
-        deadline_s = slot.deadline_s or spec.deadline_s
-        if wall - started > deadline_s + spec.stop_grace_s + spec.stale_after_s:
-            why = (f"hard deadline {deadline_s:g} s exceeded and the supervisor did not stop it; "
-                   "Ray task cancelled")
-        elif wall - max(beat, started) > spec.stale_after_s:
-            why = f"heartbeat lost: none for {wall - max(beat, started):.0f} s; Ray task cancelled"
+        why = liveness.overdue(t, wall, slot.deadline_s or spec.deadline_s, spec.stop_grace_s, spec.stale_after_s)
         if why and slot.cancelled is None:
-            slot.cancelled = why
+            slot.cancelled = f"{why}; Ray task cancelled"
             ray.cancel(ref, force=True)
         return False
 
     def _check_foreign(self, t: Any, wall: float) -> bool:
-        owner = t.system_attrs.get(ATTR_DRIVER) or {}
-        if owner.get("run") == self.run_id:
-            return False  # asked by us but not in flight: only between ask and submit
-        beat = t.system_attrs.get(ATTR_HEARTBEAT)
-        if beat is None and t.datetime_start is not None:
-            beat = t.datetime_start.timestamp()
-        alive = process_alive(owner) if owner else None
-        if alive is False:
-            reason = f"lost: its driver (pid {owner.get('pid')} on {owner.get('host')}) is gone"
-        elif beat is not None and wall - beat > self.spec.stale_after_s:
-            reason = f"lost: no heartbeat for {wall - beat:.0f} s (worker or driver died)"
-        else:
-            return False
-        return self.fail(t.number, t._trial_id, "lost", reason)
+        reason = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id)
+        return reason is not None and self.fail(t.number, t._trial_id, "lost", reason)
 
     def abandon(self, why: str) -> None:
         """Cancel every trial in flight and fail it as lost; a later run retries them."""
@@ -546,23 +442,13 @@ class Driver:
 
     # -- reporting ------------------------------------------------------------------------------
 
-    def _print_reports(self, slot: _InFlight, t: Any | None = None) -> None:
+    def _print_reports(self, slot: InFlight, t: Any | None = None) -> None:
         if t is None:
             t = self.study._storage.get_trial(slot.trial_id)
         for step, value in obj.curve_points(t, self.spec.objective):
             if step not in slot.reported and step != round(self.spec.budget_s):
                 slot.reported.add(step)
-                self.say(f"trial {slot.number}: t={step}s val_bpb={value:.4f}")
-
-    def _print_outcome(self, slot: _InFlight, r: dict[str, Any]) -> None:
-        rec = r.get("record") or {}
-        if r["state"] == "COMPLETE":
-            self.say(f"trial {slot.number} COMPLETE {obj.fmt_values(self.spec.objective, r['values'], rec)} "
-                     f"train={_num(rec.get('train_seconds'))}s steps={rec.get('steps')} slot={r['slot_seconds']:.1f}s")
-        elif r["state"] == "PRUNED":
-            self.say(f"trial {slot.number} PRUNED: {r['reason']}")
-        else:
-            self.say(f"trial {slot.number} FAIL ({r['fail_kind']}): {r['reason']}")
+                self.say(printing.report_line(slot.number, step, value))
 
     def progress(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -570,88 +456,8 @@ class Driver:
             return
         self._last_progress = now
         trials = self.study.get_trials(deepcopy=False)
-        states: dict[str, int] = {}
-        for t in trials:
-            states[t.state.name] = states.get(t.state.name, 0) + 1
-        done = sum(counts(t) for t in trials)
-        failed = sum(1 for t in trials if t.state.name == "FAIL" and t.user_attrs.get("fail_kind") != "constraint")
-        objective = self.spec.objective
-        if objective.multi:
-            best_s = f"pareto front {len(obj.front(trials, objective.directions))} trial(s)"
-        else:
-            best = best_trial(trials, self.spec.direction)
-            best_s = f"best {best.value:.4f} (trial {best.number})" if best else "best -"
-        self.say(f"progress: done {done}/{self.spec.n_trials}, running {len(self.inflight)}, "
-                 f"pruned {states.get('PRUNED', 0)}, failed {failed}, {best_s}, elapsed {self._elapsed()}")
+        self.say(printing.progress_line(trials, self.spec, len(self.inflight), now - self.t0))
 
     def print_best(self) -> None:
-        trials = self.study.get_trials(deepcopy=False)
-        objective = self.spec.objective
-        if objective.multi:
-            members = obj.front(trials, objective.directions)
-            if not members:
-                self.say("no trial completed")
-            for t in members:
-                self.say(f"pareto front: trial {t.number} {obj.fmt_values(objective, t.values, t.user_attrs)} "
-                         f"{_fmt_params(t.params)}")
-            return
-        best = best_trial(trials, self.spec.direction)
-        if best is None:
-            self.say("no trial completed")
-            return
-        self.say(f"best: trial {best.number} {obj.fmt_values(objective, [best.value], best.user_attrs)} "
-                 f"{_fmt_params(best.params)}")
-
-    # -- ad-hoc trials --------------------------------------------------------------------------
-
-    def run_adhoc(self, params: dict[str, Any], user_attrs: dict[str, Any] | None = None) -> Any:
-        """Run one trial with hand-picked parameters now, recorded in the study (``sweep trial --now``).
-
-        Returns the finished FrozenTrial. ``user_attrs`` (e.g. ``adhoc_budget_s``) are stored on the
-        trial before it starts and steer :meth:`submit`.
-        """
-        import optuna
-        from optuna.trial import TrialState
-
-        point = self.spec.space.validate(params)
-        attrs = {**(user_attrs or {}), "adhoc": True}
-        self.open_study()
-        self.connect_ray()
-        try:
-            frozen = optuna.trial.create_trial(
-                state=TrialState.RUNNING, params=point, distributions=self.spec.space.distributions(point),
-                user_attrs=attrs, system_attrs={ATTR_DRIVER: self.identity, ATTR_HEARTBEAT: time.time()})
-            storage = self.study._storage
-            trial_id = storage.create_new_trial(self.study._study_id, template_trial=frozen)
-            number = storage.get_trial(trial_id).number
-            self.submit(number, trial_id, point, attrs)
-            while self.inflight:
-                self._scan()
-                self.wait_some()
-            return storage.get_trial(trial_id)
-        finally:
-            self.shutdown()
-
-
-def _run_trial_task(task: TrialTask) -> dict[str, Any]:
-    """The Ray task body, kept thin: everything happens in :func:`sweep.worker.run_trial`."""
-    from sweep.worker import run_trial
-
-    return run_trial(task).as_dict()
-
-
-def _fmt_params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-
-
-def _fmt_counts(states: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
-
-
-def _num(v: Any) -> str:
-    return f"{v:.1f}" if isinstance(v, (int, float)) else "?"
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+        for line in printing.best_lines(self.study.get_trials(deepcopy=False), self.spec):
+            self.say(line)

@@ -1,0 +1,136 @@
+"""Who vouches for a RUNNING trial, and when nobody does any more.
+
+A trial is RUNNING while someone vouches for it. The driver that asked it records itself
+(:data:`~sweep.run.outcome.ATTR_DRIVER`) and writes the heartbeat while the task waits in Ray's queue;
+the supervisor marks the start (:data:`~sweep.run.outcome.ATTR_STARTED`) and writes the heartbeat every
+``heartbeat_s`` from then on. A RUNNING trial nobody owns in this process is lost when its heartbeat is
+older than ``stale_after_s``, or at once when the driver that asked it ran on this host and that process
+is gone (a killed local driver takes its local Ray, its tasks and, through the reaper, its trainers with
+it). A trial of the driver's own is overdue past its hard deadline plus grace, or when its supervisor's
+heartbeat goes stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from sweep import store as st
+from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, ATTR_STARTED
+
+log = logging.getLogger("sweep.run.liveness")
+
+
+# -- processes ----------------------------------------------------------------------------------------
+
+def host_identity() -> dict[str, Any]:
+    """Who this process is, precisely enough to tell later whether it is still alive."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start_time(os.getpid())}
+
+
+def process_start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), to tell a live pid from a reused one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_alive(identity: dict[str, Any]) -> bool | None:
+    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
+    if identity.get("host") != socket.gethostname():
+        return None
+    pid = identity.get("pid")
+    if not isinstance(pid, int):
+        return None
+    start = process_start_time(pid)
+    if start is None:
+        return False
+    return identity.get("pid_start") in (None, start)
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+def claim_attrs(owner: dict[str, Any]) -> dict[str, Any]:
+    """The system attributes of a trial the driver ``owner`` just asked: who it is, and a first heartbeat."""
+    return {ATTR_DRIVER: owner, ATTR_HEARTBEAT: time.time()}
+
+
+def claim(storage: Any, trial_id: int, owner: dict[str, Any]) -> None:
+    """Record the asking driver on a trial and vouch for it until its supervisor starts."""
+    for k, v in claim_attrs(owner).items():
+        storage.set_trial_system_attr(trial_id, k, v)
+
+
+def beat(storage: Any, trial_id: int, at: float) -> None:
+    """One heartbeat at unix time ``at`` (the driver's, for its trial still queued in Ray)."""
+    storage.set_trial_system_attr(trial_id, ATTR_HEARTBEAT, at)
+
+
+def mark_started(storage: Any, trial_id: int, url: str) -> None:
+    """The supervisor has the trial: from now on its heartbeat, not the driver's, keeps it alive."""
+    now = time.time()
+    st.retry(lambda: storage.set_trial_system_attr(trial_id, ATTR_STARTED, now), what="mark started", url=url)
+
+
+def keep_alive(storage: Any, trial_id: int, number: int, url: str) -> bool:
+    """The supervisor's heartbeat; False when the trial has been finished by someone else.
+
+    A database outage must not kill a healthy trial: any other failure is logged and ignored.
+    """
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        st.retry(lambda: storage.set_trial_system_attr(trial_id, ATTR_HEARTBEAT, time.time()),
+                 what="heartbeat", url=url, attempts=3)
+    except (UpdateFinishedTrialError, RuntimeError) as e:
+        if "finished" in str(e).lower():
+            return False
+        log.warning("heartbeat of trial %d failed: %s", number, st.scrub(str(e), url))
+    except Exception as e:
+        log.warning("heartbeat of trial %d failed: %s", number, st.scrub(str(e), url))
+    return True
+
+
+# -- judging ------------------------------------------------------------------------------------------
+
+def started_at(t: Any) -> float | None:
+    """When the trial's supervisor started, or None while it waits in Ray's queue."""
+    return t.system_attrs.get(ATTR_STARTED)
+
+
+def overdue(t: Any, wall: float, deadline_s: float, stop_grace_s: float, stale_after_s: float) -> str | None:
+    """Why the driver's own started trial must be cancelled at unix time ``wall``, or None while it is fine."""
+    started = t.system_attrs[ATTR_STARTED]
+    beat_at = t.system_attrs.get(ATTR_HEARTBEAT, started)
+    if wall - started > deadline_s + stop_grace_s + stale_after_s:
+        return f"hard deadline {deadline_s:g} s exceeded and the supervisor did not stop it"
+    if wall - max(beat_at, started) > stale_after_s:
+        return f"heartbeat lost: none for {wall - max(beat_at, started):.0f} s"
+    return None
+
+
+def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str) -> str | None:
+    """Why a RUNNING trial that driver run ``run_id`` does not hold is lost at unix time ``wall``, or None."""
+    owner = t.system_attrs.get(ATTR_DRIVER) or {}
+    if owner.get("run") == run_id:
+        return None  # asked by this driver but not in flight: only between ask and submit
+    beat_at = t.system_attrs.get(ATTR_HEARTBEAT)
+    if beat_at is None and t.datetime_start is not None:
+        beat_at = t.datetime_start.timestamp()
+    alive = process_alive(owner) if owner else None
+    if alive is False:
+        return f"lost: its driver (pid {owner.get('pid')} on {owner.get('host')}) is gone"
+    if beat_at is not None and wall - beat_at > stale_after_s:
+        return f"lost: no heartbeat for {wall - beat_at:.0f} s (worker or driver died)"
+    return None
+
+
+def vouched(t: Any, now: float, stale_after_s: float) -> bool:
+    """Whether someone wrote the trial's heartbeat within ``stale_after_s`` of unix time ``now``."""
+    return now - t.system_attrs.get(ATTR_HEARTBEAT, 0) < stale_after_s

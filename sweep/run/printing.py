@@ -1,0 +1,96 @@
+"""What ``sweep run`` prints: one line per event, built from the trials (the driver only says them).
+
+Kept apart from the driver's loop so the wording of a run's log is in one short place; every line
+here is part of the command's output that users and tests read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sweep.run.outcome import ATTR_ADHOC, ATTR_FAIL_KIND, ATTR_RETRY_OF, CONSTRAINT, counts
+from sweep.spec import StudySpec
+from sweep.spec import objective as obj
+from sweep.study import best_trial, fmt_params
+
+
+def state_counts(trials: list[Any]) -> dict[str, int]:
+    """How many trials are in each state, by state name."""
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    return states
+
+
+def fmt_counts(states: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+
+
+def fmt_elapsed(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as ``Type: first line``, at most 300 characters."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _num(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else "?"
+
+
+def resuming_line(name: str, trials: list[Any]) -> str:
+    return f"resuming study {name}: {len(trials)} trials so far ({fmt_counts(state_counts(trials))})"
+
+
+def started_line(number: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> str:
+    note = f" (retry of trial {user_attrs[ATTR_RETRY_OF]})" if ATTR_RETRY_OF in user_attrs else ""
+    note += " (ad hoc)" if user_attrs.get(ATTR_ADHOC) else ""
+    return f"trial {number} started{note}: {fmt_params(params)}"
+
+
+def report_line(number: int, step: int, value: float) -> str:
+    return f"trial {number}: t={step}s val_bpb={value:.4f}"
+
+
+def outcome_line(number: int, r: dict[str, Any], objective: obj.Objective) -> str:
+    """How a trial ended, from the outcome its supervisor returned (:meth:`Outcome.as_dict`)."""
+    rec = r.get("record") or {}
+    if r["state"] == "COMPLETE":
+        return (f"trial {number} COMPLETE {obj.fmt_values(objective, r['values'], rec)} "
+                f"train={_num(rec.get('train_seconds'))}s steps={rec.get('steps')} slot={r['slot_seconds']:.1f}s")
+    if r["state"] == "PRUNED":
+        return f"trial {number} PRUNED: {r['reason']}"
+    return f"trial {number} FAIL ({r['fail_kind']}): {r['reason']}"
+
+
+def progress_line(trials: list[Any], spec: StudySpec, running: int, elapsed_s: float) -> str:
+    done = sum(counts(t) for t in trials)
+    failed = sum(1 for t in trials if t.state.name == "FAIL" and t.user_attrs.get(ATTR_FAIL_KIND) != CONSTRAINT)
+    objective = spec.objective
+    if objective.multi:
+        best_s = f"pareto front {len(obj.front(trials, objective.directions))} trial(s)"
+    else:
+        best = best_trial(trials, spec.direction)
+        best_s = f"best {best.value:.4f} (trial {best.number})" if best else "best -"
+    return (f"progress: done {done}/{spec.n_trials}, running {running}, "
+            f"pruned {state_counts(trials).get('PRUNED', 0)}, failed {failed}, {best_s}, "
+            f"elapsed {fmt_elapsed(elapsed_s)}")
+
+
+def best_lines(trials: list[Any], spec: StudySpec) -> list[str]:
+    """The run's last lines: its best trial, or a pareto study's front."""
+    objective = spec.objective
+    if objective.multi:
+        members = obj.front(trials, objective.directions)
+        if not members:
+            return ["no trial completed"]
+        return [f"pareto front: trial {t.number} {obj.fmt_values(objective, t.values, t.user_attrs)} "
+                f"{fmt_params(t.params)}" for t in members]
+    best = best_trial(trials, spec.direction)
+    if best is None:
+        return ["no trial completed"]
+    return [f"best: trial {best.number} {obj.fmt_values(objective, [best.value], best.user_attrs)} "
+            f"{fmt_params(best.params)}"]
