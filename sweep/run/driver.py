@@ -8,7 +8,7 @@ What counts towards ``n_trials``, and which failures are retried, is :mod:`sweep
 when a RUNNING trial is lost is :mod:`sweep.run.liveness`'s. Lost trials are told FAIL with the
 reason and retried once under a new number with ``retry_of`` pointing back.
 
-(Over 400 lines: one class, the sweep loop and the state it keeps between polls, which reads best whole.)
+Long file: one class, the sweep loop and the state it keeps between polls, which reads best whole.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ stores what it returns. Outcomes:
   alike); killed at the deadline -> FAIL ``deadline``; any other exit or signal -> FAIL ``crash``,
   which the driver retries once with the same parameters.
 
-(Over 400 lines: one class, the trainer group's whole life, which reads best in one place.)
+Long file: one class, the trainer group's whole life, which reads best in one place.
 """
 
 from __future__ import annotations
