@@ -159,8 +159,8 @@ def run_now(driver: Driver, params: dict[str, Any], user_attrs: dict[str, Any] |
         frozen = optuna.trial.create_trial(
             state=TrialState.RUNNING, params=point, distributions=driver.spec.space.distributions(point),
             user_attrs=attrs, system_attrs=liveness.claim_attrs(driver.identity))
-        storage = driver.study._storage
-        trial_id = storage.create_new_trial(driver.study._study_id, template_trial=frozen)
+        storage = st.study_storage(driver.study)
+        trial_id = storage.create_new_trial(st.study_id(driver.study), template_trial=frozen)
         number = storage.get_trial(trial_id).number
         driver.submit(number, trial_id, point, attrs)
         while driver.inflight:
@@ -179,8 +179,8 @@ def enqueue(driver: Driver, point: dict[str, Any], attrs: dict[str, Any]) -> tup
     study = driver.open_study()
     frozen = optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": point},
                                        user_attrs={**attrs, ATTR_ADHOC: True})
-    trial_id = study._storage.create_new_trial(study._study_id, template_trial=frozen)
-    number = study._storage.get_trial(trial_id).number
+    trial_id = st.study_storage(study).create_new_trial(st.study_id(study), template_trial=frozen)
+    number = st.study_storage(study).get_trial(trial_id).number
     driver.say(f"trial {number} enqueued in study {driver.spec.name}: a running sweep runs it in its next free "
                "slot (`sweep trial --now` runs it at once)")
     return number, trial_id
@@ -190,7 +190,7 @@ def wait_for_trial(driver: Driver, number: int, trial_id: int, poll_s: float = W
     """Follow an enqueued trial until it finishes; print its reports, and a hint if no sweep is running."""
     from optuna.trial import TrialState
 
-    storage, spec = driver.study._storage, driver.spec
+    storage, spec = st.study_storage(driver.study), driver.spec
     t0, hinted, started, seen = time.monotonic(), False, False, set()
     while True:
         t = st.retry(lambda: storage.get_trial(trial_id), what="read trial", url=driver.url)

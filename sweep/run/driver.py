@@ -254,11 +254,11 @@ class Driver:
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
-        liveness.claim(study._storage, trial._trial_id, self.identity)
+        liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity)
         try:
             params = spec.space.suggest(trial)
         except ConstraintViolation as cv:
-            fail_trial(study, trial._trial_id, trial.number, CONSTRAINT, str(cv), self.url)
+            fail_trial(study, st.trial_id(trial), trial.number, CONSTRAINT, str(cv), self.url)
             self._rejects += 1
             if self._rejects >= MAX_CONSTRAINT_REJECTS:
                 point = spec.space.sample_feasible(self._rng)
@@ -268,7 +268,7 @@ class Driver:
                 self._rejects = 0
             return False
         self._rejects = 0
-        self.submit(trial.number, trial._trial_id, params, trial.user_attrs)
+        self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs)
         return True
 
     def _seed_sampler(self, number: int) -> None:
@@ -399,8 +399,8 @@ class Driver:
         for t in trials:
             if t.state.name != "RUNNING":
                 continue
-            if t._trial_id in mine:
-                ref, slot = mine[t._trial_id]
+            if st.trial_id(t) in mine:
+                ref, slot = mine[st.trial_id(t)]
                 changed |= self._check_own(t, ref, slot, wall)
             else:
                 changed |= self._check_foreign(t, wall)
@@ -414,7 +414,7 @@ class Driver:
 
         if liveness.started_at(t) is None:  # still queued in Ray: the driver vouches for it
             with contextlib.suppress(Exception):
-                liveness.beat(self.study._storage, t._trial_id, wall)
+                liveness.beat(st.study_storage(self.study), st.trial_id(t), wall)
             return False
         slot.started = liveness.started_at(t)
         self._print_reports(slot, t)
@@ -427,7 +427,7 @@ class Driver:
 
     def _check_foreign(self, t: Any, wall: float) -> bool:
         reason = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id)
-        return reason is not None and self.fail(t.number, t._trial_id, "lost", reason)
+        return reason is not None and self.fail(t.number, st.trial_id(t), "lost", reason)
 
     def abandon(self, why: str) -> None:
         """Cancel every trial in flight and fail it as lost; a later run retries them."""
@@ -444,7 +444,7 @@ class Driver:
 
     def _print_reports(self, slot: InFlight, t: Any | None = None) -> None:
         if t is None:
-            t = self.study._storage.get_trial(slot.trial_id)
+            t = st.study_storage(self.study).get_trial(slot.trial_id)
         for step, value in obj.curve_points(t, self.spec.objective):
             if step not in slot.reported and step != round(self.spec.budget_s):
                 slot.reported.add(step)

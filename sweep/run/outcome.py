@@ -144,7 +144,7 @@ def write_outcome(study: Any, trial_id: int, number: int, state: str, values: li
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    storage = study._storage
+    storage = st.study_storage(study)
     told = TrialState[state]
     try:
         if st.retry(lambda: storage.get_trial(trial_id), url=url).state.is_finished():

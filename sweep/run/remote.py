@@ -80,7 +80,7 @@ def open_trial(task: TrialTask) -> tuple[Any, Any]:
                                                sampler=optuna.samplers.RandomSampler(), pruner=pruner),
                      what="load study", url=task.storage_url)
     trial = st.retry(lambda: optuna.trial.Trial(study, task.trial_id), what="load trial", url=task.storage_url)
-    liveness.mark_started(study._storage, task.trial_id, task.storage_url)
+    liveness.mark_started(st.study_storage(study), task.trial_id, task.storage_url)
     return study, trial
 
 
@@ -92,18 +92,19 @@ class OptunaReporter(Reporter):
 
     def report(self, value: float, step: int) -> bool:
         def call() -> bool:
-            if step not in self.trial._cached_frozen_trial.intermediate_values:
+            if step not in st.reported_steps(self.trial):
                 self.trial.report(value, step)
             return bool(self.trial.should_prune())
 
         return st.retry(call, what=f"report trial {self.task.number}", url=self.task.storage_url, attempts=4)
 
     def keep(self, curve: list[list[float]]) -> None:
-        st.retry(lambda: self.study._storage.set_trial_user_attr(self.task.trial_id, obj.ATTR_CURVE, curve),
+        st.retry(lambda: st.study_storage(self.study).set_trial_user_attr(self.task.trial_id, obj.ATTR_CURVE, curve),
                  what=f"curve of trial {self.task.number}", url=self.task.storage_url, attempts=4)
 
     def heartbeat(self) -> bool:
-        return liveness.keep_alive(self.study._storage, self.task.trial_id, self.task.number, self.task.storage_url)
+        storage = st.study_storage(self.study)
+        return liveness.keep_alive(storage, self.task.trial_id, self.task.number, self.task.storage_url)
 
 
 def store(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor, t0: float,
@@ -134,10 +135,10 @@ def store(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor
         final = as_float(rec.get("val_bpb")) if rec.get("status") == "ok" else None
         if final is not None and task.objective.kind != "single":
             curve = [*sup.curve, [task.final_step, final]]
-            st.retry(lambda: study._storage.set_trial_user_attr(task.trial_id, obj.ATTR_CURVE, curve),
+            st.retry(lambda: st.study_storage(study).set_trial_user_attr(task.trial_id, obj.ATTR_CURVE, curve),
                      url=task.storage_url)
         reported = task.objective.intermediate(final) if final is not None and out.state == "COMPLETE" else None
-        if reported is not None and task.final_step not in trial._cached_frozen_trial.intermediate_values:
+        if reported is not None and task.final_step not in st.reported_steps(trial):
             st.retry(lambda: trial.report(reported, task.final_step), url=task.storage_url)
         upload_artifacts(study, trial, task, out, sup.artifact_dir)
         out.slot_seconds = time.monotonic() - t0
@@ -169,7 +170,7 @@ def upload_artifacts(study: Any, trial: Any, task: TrialTask, out: Outcome, work
         reason = st.scrub(f"{type(e).__name__}: {e}", task.storage_url)[:500]
         log.warning("trial %d: artifact upload failed: %s", task.number, reason)
         with contextlib.suppress(Exception):
-            study._storage.set_trial_user_attr(task.trial_id, ATTR_ARTIFACT_ERROR, reason)
+            st.study_storage(study).set_trial_user_attr(task.trial_id, ATTR_ARTIFACT_ERROR, reason)
 
 
 def keeps_checkpoint(study: Any, objective: obj.Objective, out: Outcome) -> bool:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sweep import store as st
 from sweep.neuron.cache import ATTR_GRAPH_CACHE
 from sweep.neuron.graph import ATTR_GRAPH_KEY, ATTR_PRECOMPILED, graph_key
 
@@ -54,12 +55,12 @@ class WarmPicker:
 
         if time.monotonic() - self._read_at < self.refresh_s:
             return self._warm
-        done = study._storage.get_all_trials(study._study_id, deepcopy=False,
+        done = st.study_storage(study).get_all_trials(st.study_id(study), deepcopy=False,
                                              states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
         warm = {t.user_attrs[ATTR_GRAPH_KEY] for t in done
                 if t.user_attrs.get(ATTR_GRAPH_CACHE) in ("hit", "miss") and ATTR_GRAPH_KEY in t.user_attrs}
         with contextlib.suppress(Exception):
-            warm |= set(study._storage.get_study_user_attrs(study._study_id).get(ATTR_PRECOMPILED, []))
+            warm |= set(st.study_storage(study).get_study_user_attrs(st.study_id(study)).get(ATTR_PRECOMPILED, []))
         self._warm, self._read_at = warm, time.monotonic()
         return warm
 
@@ -68,8 +69,8 @@ class WarmPicker:
         import optuna
         from optuna.trial import TrialState
 
-        storage = study._storage
-        waiting = storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.WAITING,))
+        storage = st.study_storage(study)
+        waiting = storage.get_all_trials(st.study_id(study), deepcopy=False, states=(TrialState.WAITING,))
         if len(waiting) < 2:
             return None
         keys = [self.key_of(t.system_attrs.get("fixed_params")) for t in waiting]
@@ -77,12 +78,12 @@ class WarmPicker:
         if not i:  # none warm, or the head of the queue is: ask() takes it anyway
             return None
         try:
-            if not storage.set_trial_state_values(waiting[i]._trial_id, state=TrialState.RUNNING):
+            if not storage.set_trial_state_values(st.trial_id(waiting[i]), state=TrialState.RUNNING):
                 return None
         except optuna.exceptions.UpdateFinishedTrialError:
             return None
-        study._thread_local.cached_all_trials = None
+        st.forget_cached_trials(study)
         log.info("trial %d: graphs compiled already (key %s); started before trial %d", waiting[i].number, keys[i],
                  waiting[0].number)
-        return optuna.trial.Trial(study, waiting[i]._trial_id)
+        return optuna.trial.Trial(study, st.trial_id(waiting[i]))
 

@@ -10,7 +10,16 @@ files and provenance) and :mod:`~sweep.store._optuna`, the one module that touch
 """
 
 from sweep.redact import password, redact, scrub
-from sweep.store._optuna import cached_study, engine_of, seed_grpc_cache, study_id, study_storage, trial_id
+from sweep.store._optuna import (
+    cached_study,
+    engine_of,
+    forget_cached_trials,
+    reported_steps,
+    seed_grpc_cache,
+    study_id,
+    study_storage,
+    trial_id,
+)
 from sweep.store.opening import ENGINE_KWARGS, WORKER_REFRESH_S, forget_shared, open_storage
 from sweep.store.proxy import PROXY_READ_TTL_S, PROXY_THREADS, StorageProxy, proxy_host, serve_proxy
 from sweep.store.retry import first_line, is_transient, retry
@@ -35,4 +44,5 @@ __all__ = [
     "cached_study", "engine_of", "ensure_indexes", "first_line", "forget_shared", "is_database", "is_proxy",
     "is_transient", "journal_path", "open_storage", "password", "proxy_host", "proxy_wanted", "redact",
     "resolve_url", "retry", "scrub", "seed_grpc_cache", "serve_proxy", "study_id", "study_storage", "trial_id",
+    "reported_steps", "forget_cached_trials",
 ]

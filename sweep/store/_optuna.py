@@ -28,6 +28,10 @@ Private names used, and why:
 - ``Study._storage``, ``Study._study_id``, ``Trial._trial_id`` / ``FrozenTrial._trial_id``: a study's
   storage and ids, for the storage calls the public API lacks (:func:`study_storage`, :func:`study_id`,
   :func:`trial_id`).
+- ``Trial._cached_frozen_trial``: the steps a live trial has reported, without a storage read
+  (:func:`reported_steps`).
+- ``Study._thread_local.cached_all_trials``: the study's per-thread trial list, dropped after a trial is
+  claimed straight through the storage so the next ``ask`` sees it (:func:`forget_cached_trials`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,16 @@ def study_id(study: Any) -> int:
 def trial_id(trial: Any) -> int:
     """The storage's id of a Trial or FrozenTrial (``_trial_id``), unique across studies, unlike its number."""
     return trial._trial_id
+
+
+def reported_steps(trial: Any) -> set[int]:
+    """The steps a live ``optuna.Trial`` has reported, from its in-memory copy (``_cached_frozen_trial``)."""
+    return set(trial._cached_frozen_trial.intermediate_values)
+
+
+def forget_cached_trials(study: Any) -> None:
+    """Drop the study's per-thread trial list (``_thread_local.cached_all_trials``) so the next read is fresh."""
+    study._thread_local.cached_all_trials = None
 
 
 def engine_of(storage: Any) -> Any:
