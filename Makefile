@@ -36,7 +36,7 @@ test: $(STAMP) system-deps
 # from AWS Secrets Manager or a file where the cluster is set up so (docs/aws.md), else passes through.
 # Each fault injected into a real sweep (PostgreSQL, local Ray), then the same checks; prints a table.
 faults: $(STAMP)
-	FAULTS_FULL=1 $(PY) -m pytest -q -m faults tests/test_faults.py
+	FAULTS_FULL=1 $(PY) -m pytest -q -m faults tests/faults/test_faults.py
 
 sweep: $(STAMP)
 	$(PY) -m infra cost $(STUDY) --check

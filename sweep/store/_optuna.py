@@ -1,8 +1,8 @@
 """The one module that touches Optuna's private internals; every other module reaches them through it.
 
 Pinned: ``optuna==5.0.0`` (pyproject.toml). A new Optuna may move or rename any name below: upgrade by
-reading this file against the new release, then run tests/test_sweep_storage.py and the proxy and cache
-tests of tests/test_faults.py. Optuna is imported inside the functions (start-up time of processes that
+reading this file against the new release, then run tests/sweep/store/test_storage.py and the proxy and cache
+tests of tests/faults/test_faults.py. Optuna is imported inside the functions (start-up time of processes that
 never open a database); each function names the private parts it uses.
 
 Private names used, and why:

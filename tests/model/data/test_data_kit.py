@@ -15,7 +15,7 @@ import torch
 
 from model.data import BatchLoader, DataError, load_dataset, validation_batches
 from model.data.kit import ENV_VAR, KitBatchLoader, KitData, load_kit
-from tests.dataset_contract import assert_is_dataset, assert_protocol_is_exactly_members
+from tests.model.data.dataset_contract import assert_is_dataset, assert_protocol_is_exactly_members
 
 FAKE_PREPARE = textwrap.dedent(
     '''

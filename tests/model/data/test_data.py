@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from model.data import BatchLoader, DataError, TokenDataset, Tokenizer, load_dataset, validation_batches
 from model.data.packing import DocPacker
 from model.data.shards import TokenShard, write_token_shard
-from tests.dataset_contract import assert_is_dataset, assert_protocol_is_exactly_members
+from tests.model.data.dataset_contract import assert_is_dataset, assert_protocol_is_exactly_members
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 VOCAB = 512
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from model.data import BatchLoader, load_dataset, validation_batches
 from model.data.demo_text import SHARDS, build_demo_corpus
-from tests.dataset_contract import assert_is_dataset
+from tests.model.data.dataset_contract import assert_is_dataset
 
 
 @pytest.fixture

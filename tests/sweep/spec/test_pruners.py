@@ -158,7 +158,7 @@ def test_waits_for_startup_trials_and_warmup_steps() -> None:
 
 
 def _spec(tmp_path: Path, pruner: str) -> Path:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     path = tmp_path / "lc.toml"
     path.write_text(f'extends = "{root / "sweep" / "studies" / "demo.toml"}"\n[pruner]\n{pruner}\n')
     return path

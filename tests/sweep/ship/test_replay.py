@@ -16,10 +16,10 @@ from sweep import store as st
 from sweep.ship.replay import components, recorded_trials, replay
 from sweep.spec import Component, load
 from tests.conftest import subprocess_env
+from tests.sweep.spec.test_pruners import BUDGET, STEPS, synthetic
 from tests.sweep_fixtures import tiny_spec, write_spec
-from tests.test_pruners import BUDGET, STEPS, synthetic
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 STARTUP_S = 5.0
 # Ordinary learning rates and warmdowns, a few clearly bad runs (large b), and one high-lr run that
 # looks bad mid-run but anneals to the best final val_bpb.

@@ -15,7 +15,7 @@ from infra.cli import main
 
 moto = pytest.importorskip("moto")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-2"
 PASSWORD = "Hunter2/with@odd:chars"
 
@@ -104,7 +104,7 @@ def test_ami_and_missing_region(aws, capsys, monkeypatch):
 
 def test_capacity_and_check_report_what_is_missing(aws, capsys, monkeypatch):
     """moto offers trn2.48xlarge in us-east-2 but not trn2.3xlarge; quotas come from a fake (moto has no
-    EC2 quotas; tests/test_infra_capacity.py covers the Service Quotas calls with Stubber)."""
+    EC2 quotas; tests/infra/test_capacity.py covers the Service Quotas calls with Stubber)."""
     from infra import capacity
 
     limits = {"L-2C3B7624": 0.0, "L-1216C47A": 32.0}
