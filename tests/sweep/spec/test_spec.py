@@ -40,6 +40,41 @@ def test_phase1_short_is_phase1_with_a_short_budget():
     assert long.resources.neuron_cores == 4 and long.space.fixed["lnc"] == 2 and not long.env
 
 
+@pytest.mark.parametrize("name", ["phase1", "phase2"])
+def test_the_parameter_cap_counts_what_the_trainer_builds(name):
+    """_params is the trainer's exact count for every sampled point (model.counts), GQA included."""
+    from model.config import GPTConfig
+    from model.counts import num_params
+
+    space, rng = load(name).space, random.Random(0)
+    seen_gqa = 0
+    for _ in range(200):
+        env, _ = space.complete(space.sample(rng))
+        heads = env["model_dim"] // env["head_dim"]
+        if env["model_dim"] % env["head_dim"] or (env["_gqa"] and heads % env["n_kv_head"]):
+            continue  # a shape the constraints refuse
+        cfg = GPTConfig(vocab_size=env["vocab_size"], depth=env["depth"], model_dim=env["model_dim"],
+                        head_dim=env["head_dim"], n_kv_head=env["n_kv_head"] if env["_gqa"] else 0,
+                        mlp_ratio=env["mlp_ratio"])
+        assert env["_params"] == num_params(cfg), env
+        seen_gqa += bool(env["_gqa"])
+    assert seen_gqa > 10
+
+
+def test_phase1_takes_a_gqa_shape_the_old_estimate_refused():
+    """Depth 16, width 1024, one K/V head of 128: 12·16·1024² + 2·8192·1024 = 218.1M counted every head's
+    K/V; with one K/V head the two K/V projections are 2·1024·128 per layer instead of 2·1024², 29.4M fewer
+    over 16 layers, so the point fits phase1's 200M cap."""
+    space = load("phase1").space
+    point = {"depth": 16, "model_dim": 1024, "head_dim": 128, "_gqa": True, "n_kv_head": 1}
+    env, _ = space.complete({**space.sample(random.Random(1)), **point})
+    old = 12 * 16 * 1024**2 + 2 * 8192 * 1024
+    saved = 16 * 2 * 1024 * (1024 - 128)
+    assert old > 200e6 and old - saved <= 200e6
+    assert old - saved <= env["_params"] < old - saved + 16 * 4 * 1024  # + the norms' and scalars' few weights
+    assert env["_params"] <= 200e6
+
+
 def test_phase2_is_whole_servers_scored_half_val_bpb_half_core():
     spec, short = load("phase2"), load("phase2-short")
     assert spec.chips == 16 and spec.resources.neuron_cores == 64 and spec.budget_s == 14400
