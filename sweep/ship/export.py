@@ -39,6 +39,7 @@ import re
 from pathlib import Path
 from typing import Any, TextIO
 
+from model.config import RunConfig
 from sweep import neuron
 from sweep.ship import bundle
 from sweep.spec import objective as obj
@@ -57,8 +58,8 @@ SUBMISSION: dict[str, tuple[Any, str]] = {
     "data": ("kit", "the kit's prepare.py: its data, tokenizer and loaders (found when train.py starts)"),
     "tokenizer": ("", "the kit's tokenizer"),
     "val_shard": ("", "the kit's validation split"),
-    "cache_dir": ("runs/cache", "the trainer's default, not the sweep machine's path"),
-    "num_threads": (0, "torch's default; a sweep pins CPU threads to share its machine"),
+    "cache_dir": (RunConfig.cache_dir, "the trainer's default, not the sweep machine's path"),
+    "num_threads": (RunConfig.num_threads, "the trainer's (torch's) default; a sweep pins CPU threads"),
     "startup_allowance_s": (900.0, "TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS of the kit"),
     "excluded_steps": (2, "the lower of the kit's reported TRAIN_STARTUP_STEPS_EXCLUDED (2 or 5): never under-charge"),
     "max_steps": (0, "the charged clock alone ends training"),
