@@ -73,10 +73,12 @@ class InFlight:
 class Driver:
     """One sweep run over a study; :meth:`run` returns the process exit code."""
 
-    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0) -> None:
+    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0,
+                 next_steps: bool = True) -> None:
         self.spec = spec
         self.out = out or sys.stdout
         self.poll_s = poll_s
+        self.next_steps = next_steps  # end the run with the commands to run next (a promotion prints its report)
         self.url = st.resolve_url(spec.storage)
         self.spec_hash = spec_hash(spec.path)
         self.run_id = uuid.uuid4().hex[:8]
@@ -459,5 +461,6 @@ class Driver:
         self.say(printing.progress_line(trials, self.spec, len(self.inflight), now - self.t0))
 
     def print_best(self) -> None:
-        for line in printing.best_lines(self.study.get_trials(deepcopy=False), self.spec):
+        trials = self.study.get_trials(deepcopy=False)
+        for line in printing.summary_lines(trials, self.spec, self.url, next_steps=self.next_steps):
             self.say(line)

@@ -1,0 +1,53 @@
+"""The command line as a stranger meets it: ``best`` saying where the checkpoint is."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+from optuna.trial import TrialState, create_trial
+
+from sweep import cli
+from sweep import store as st
+from sweep.spec import load
+from sweep.store import artifacts as art
+from tests.sweep_fixtures import tiny_spec, write_spec
+
+POINT = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
+RECORD = {"status": "ok", "val_bpb": 2.25, "steps": 120, "train_seconds": 4.0, "tokens_per_second": 2345.6,
+          "params": 1_234_567, "mfu": 0.0123, "device": "cpu"}
+
+
+def _study(tmp_path, monkeypatch, trials: int = 2):
+    """Spec ``cli`` and its study in a journal under ``tmp_path``: ``trials`` complete trials, trial 0 the best,
+    with its checkpoint and record where a sweep leaves them."""
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv(st.ENV_STORAGE, url)
+    monkeypatch.setenv(art.ENV_ARTIFACTS, str(tmp_path / "art"))
+    path = write_spec(tmp_path, "cli", tiny_spec())
+    spec = load(path)
+    work = tmp_path / "art" / "cli" / "0"
+    work.mkdir(parents=True)
+    (work / "final.pt").write_bytes(b"weights")
+    (work / "result.json").write_text(json.dumps(RECORD))
+    study = optuna.create_study(study_name="cli", storage=st.open_storage(url))
+    for n in range(trials):
+        attrs = {**RECORD, "val_bpb": 2.25 + n, "record_fields": sorted(RECORD), "artifacts": str(work),
+                 "git_commit": "0123456789abcdef"}
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=2.25 + n, params=POINT,
+                                     distributions=spec.space.distributions(POINT), user_attrs=attrs))
+    return path, url
+
+
+def test_best_prints_the_record_headline_and_where_the_checkpoint_is(tmp_path, monkeypatch, capsys):
+    path, _ = _study(tmp_path, monkeypatch)
+    assert cli.main(["best", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("best: trial 0 val_bpb=2.2500\n")
+    assert "steps=120 train_seconds=4.0 tokens_per_second=2346 mfu=1.23% params=1.23M device=cpu" in out
+    assert "git_commit=0123456789ab" in out
+    assert f"checkpoint: {tmp_path / 'art' / 'cli' / '0' / 'final.pt'}" in out
+    assert f"result:     {tmp_path / 'art' / 'cli' / '0' / 'result.json'}" in out
+    assert "parameters:\n    depth = 1\n" in out
+    assert cli.main(["best", str(path), "--json"]) == 0  # the JSON contract is unchanged
+    assert set(json.loads(capsys.readouterr().out)) == {"number", "params", "val_bpb", "record"}
