@@ -50,7 +50,8 @@ dashboard: $(STAMP)
 GIT_COMMIT = $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD || c=$$c-dirty; echo $$c; })
 
 # One ad-hoc trial on a running Ray head, recorded in STUDY: make job STUDY=phase1 PARAMS='{"depth": 12}'
-# [BUDGET=seconds] [NOW=1: run it at once rather than in a running sweep's next free slot].
+# [BUDGET=seconds] [NOW=1: run it at once rather than in a running sweep's next free slot]
+# [PRUNABLE=1: the study's pruner may stop it, like a trial of the sweep].
 # The head: RAY_API_SERVER_ADDRESS (or RAY_ADDRESS) = http://HEAD:8265; with token auth, its token in
 # ~/.ray/auth_token or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token.
 job: $(STAMP)
@@ -58,7 +59,7 @@ job: $(STAMP)
 	$(VENV)/bin/ray job submit --working-dir . \
 	  --runtime-env-json '{"env_vars": {"SWEEP_GIT_COMMIT": "$(GIT_COMMIT)"}}' \
 	  -- python -m sweep trial --study $(STUDY) --params '$(PARAMS)' \
-	  $(if $(BUDGET),--budget-s $(BUDGET)) $(if $(NOW),--now)
+	  $(if $(BUDGET),--budget-s $(BUDGET)) $(if $(NOW),--now) $(if $(PRUNABLE),--prunable)
 
 status: $(STAMP)
 	$(PY) -m sweep status $(STUDY)

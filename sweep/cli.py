@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON object of searched parameters, or @FILE holding one; missing ones are sampled")
     t.add_argument("--budget-s", type=parse_seconds, default=None, metavar="N",
                    help="charged training seconds (default: the spec's budget); such a trial is never pruned")
+    t.add_argument("--prunable", action="store_true",
+                   help="let the study's pruner stop it like a trial of the sweep (default: it runs to its end)")
     mode = t.add_mutually_exclusive_group()
     mode.add_argument("--now", action="store_true",
                       help="run it at once on this Ray (RAY_ADDRESS, else a local one) instead of enqueueing it")

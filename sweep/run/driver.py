@@ -30,6 +30,7 @@ from sweep.run import liveness, printing
 from sweep.run.outcome import (
     ATTR_ADHOC,
     ATTR_ADHOC_BUDGET,
+    ATTR_ADHOC_PRUNABLE,
     ATTR_RANDOM_FEASIBLE,
     ATTR_SPEC_HASH,
     CONSTRAINT,
@@ -73,12 +74,14 @@ class InFlight:
 class Driver:
     """One sweep run over a study; :meth:`run` returns the process exit code."""
 
-    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0,
-                 next_steps: bool = True) -> None:
+    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0, next_steps: bool = True,
+                 own_only: bool = False) -> None:
         self.spec = spec
         self.out = out or sys.stdout
         self.poll_s = poll_s
         self.next_steps = next_steps  # end the run with the commands to run next (a promotion prints its report)
+        # `sweep trial --now`: speak of and watch only the trials it submits (no study progress, no reaping)
+        self.own_only = own_only
         self.url = st.resolve_url(spec.storage)
         self.spec_hash = spec_hash(spec.path)
         self.run_id = uuid.uuid4().hex[:8]
@@ -292,9 +295,11 @@ class Driver:
         spec = self.spec
         config = {**spec.space.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
-        # An ad-hoc trial may bring its own budget; the pruner's rungs belong to the spec's, so it is not pruned.
+        # An ad-hoc trial runs to its end unless asked (--prunable); one with its own budget always does, since
+        # the pruner's rungs belong to the spec's budget.
         budget_s = float(user_attrs.get(ATTR_ADHOC_BUDGET, spec.budget_s))
-        pruner = (spec.pruner.name, dict(spec.pruner.options)) if budget_s == spec.budget_s else ("none", {})
+        prunable = budget_s == spec.budget_s and (not user_attrs.get(ATTR_ADHOC) or user_attrs.get(ATTR_ADHOC_PRUNABLE))
+        pruner = (spec.pruner.name, dict(spec.pruner.options)) if prunable else ("none", {})
         store = art.artifacts_url(spec.artifacts)
         task = TrialTask(
             study=spec.name, storage_url=self.worker_url, number=number, trial_id=trial_id, params=params,
@@ -404,7 +409,7 @@ class Driver:
             if st.trial_id(t) in mine:
                 ref, slot = mine[st.trial_id(t)]
                 changed |= self._check_own(t, ref, slot, wall)
-            else:
+            elif not self.own_only:
                 changed |= self._check_foreign(t, wall)
         if changed:
             self._enqueue_retries()
@@ -453,6 +458,8 @@ class Driver:
                 self.say(printing.report_line(slot.number, step, value))
 
     def progress(self, force: bool = False) -> None:
+        if self.own_only:
+            return
         now = time.monotonic()
         if not force and now - self._last_progress < PROGRESS_EVERY_S:
             return
@@ -464,3 +471,4 @@ class Driver:
         trials = self.study.get_trials(deepcopy=False)
         for line in printing.summary_lines(trials, self.spec, self.url, next_steps=self.next_steps):
             self.say(line)
+

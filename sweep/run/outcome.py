@@ -48,6 +48,7 @@ ATTR_RANDOM_FEASIBLE = "random_feasible"  # enqueued after too many constraint r
 ATTR_ADHOC = "adhoc"  # a `sweep trial`: takes a slot, never counts
 ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
 ATTR_ADHOC_SAMPLED = "adhoc_sampled"  # the parameters `sweep trial` drew because --params lacked them
+ATTR_ADHOC_PRUNABLE = "adhoc_prunable"  # `sweep trial --prunable`: the study's pruner may stop it
 
 RETRYABLE = frozenset({"crash", "lost"})  # fail kinds retried once with the same parameters
 CONSTRAINT = "constraint"  # the fail kind of a point the space's constraints rejected (never ran)

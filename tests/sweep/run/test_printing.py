@@ -1,8 +1,9 @@
-"""What ``sweep run`` says at its end, on stored trials without Ray: the best trial's checkpoint and result
-record, where the study is kept, and the commands to run next."""
+"""What ``sweep run`` says, on stored trials without Ray: the end names the best trial's checkpoint and result
+record, where the study is kept, and the commands to run next; an ad-hoc run speaks of its own trial only."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import optuna
@@ -11,6 +12,7 @@ from optuna.trial import TrialState, create_trial
 
 from sweep import store as st
 from sweep.run import printing
+from sweep.run.driver import Driver
 from sweep.spec import load
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import tiny_spec, write_spec
@@ -68,3 +70,16 @@ def test_a_shipped_study_is_named_by_its_name_and_a_study_without_a_complete_tri
     lines = printing.summary_lines([t for t in study.get_trials() if t.state != TrialState.COMPLETE], demo, url)
     assert lines[0] == "no trial completed" and lines[-1].endswith("-m sweep status demo` lists every trial, "
                                                                    "with why it failed")
+
+
+def test_the_driver_speaks_only_of_its_own_trial_when_asked(stored):
+    spec, _, _ = stored
+    out = io.StringIO()
+    d = Driver(spec, out=out, own_only=True)
+    d.open_study()
+    d.progress(force=True)
+    assert out.getvalue() == ""
+    d = Driver(spec, out=out)
+    d.open_study()
+    d.progress(force=True)
+    assert out.getvalue().startswith("progress: done 3/4")
