@@ -159,7 +159,8 @@ class Driver:
         else:
             kwargs |= {"include_dashboard": False, "num_cpus": os.cpu_count() or 1,
                        "object_store_memory": 200 * 1024**2}
-            ray.init(**kwargs)
+            with quiet_local_token_notice():
+                ray.init(**kwargs)
             self._started_ray = True
         missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
         if missing and self._started_ray:
@@ -472,3 +473,25 @@ class Driver:
         for line in printing.summary_lines(trials, self.spec, self.url, next_steps=self.next_steps):
             self.say(line)
 
+
+# Ray's notice on every local ray.init() when RAY_AUTH_MODE is unset: token authentication was switched on for
+# the cluster it starts. A local Ray lives and dies with the command, so the notice is noise there; joining a
+# cluster (RAY_ADDRESS) goes through Ray's own path and keeps every warning.
+TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropTokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(TOKEN_NOTICE)
+
+
+@contextlib.contextmanager
+def quiet_local_token_notice() -> Any:
+    """Drop Ray's token-authentication notice while a local Ray starts (authentication itself stays on)."""
+    logger, drop = logging.getLogger(TOKEN_LOGGER), _DropTokenNotice()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

@@ -1,14 +1,17 @@
-"""The command line as a stranger meets it: ``best`` saying where the checkpoint is."""
+"""The command line as a stranger meets it: headed tables, ``best`` saying where the checkpoint is, a missing
+study listing the ones there are, a closed pipe ending quietly, no Ray notice on a laptop's local Ray."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import optuna
 from optuna.trial import TrialState, create_trial
 
 from sweep import cli
 from sweep import store as st
+from sweep.run import driver as drv
 from sweep.spec import load
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import tiny_spec, write_spec
@@ -51,3 +54,20 @@ def test_best_prints_the_record_headline_and_where_the_checkpoint_is(tmp_path, m
     assert "parameters:\n    depth = 1\n" in out
     assert cli.main(["best", str(path), "--json"]) == 0  # the JSON contract is unchanged
     assert set(json.loads(capsys.readouterr().out)) == {"number", "params", "val_bpb", "record"}
+
+
+def test_a_local_ray_start_drops_the_token_notice_and_keeps_the_rest():
+    logger = logging.getLogger(drv.TOKEN_LOGGER)
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        with drv.quiet_local_token_notice():
+            logger.warning(drv.TOKEN_NOTICE + ". Set RAY_AUTH_MODE=disabled to opt out.")
+            logger.warning("Token authentication is enabled but no token was found")
+        assert seen == ["Token authentication is enabled but no token was found"]
+        logger.warning(drv.TOKEN_NOTICE + ".")  # outside a local start (joining a cluster) it is kept
+        assert seen[-1] == drv.TOKEN_NOTICE + "."
+    finally:
+        logger.removeHandler(handler)

@@ -143,6 +143,9 @@ def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_recor
             waiter.kill()
     assert waiter.returncode == 0, out + err
     assert "(ad hoc)" in sweep.stdout
+    # The sweep ends saying where its best checkpoint is and what to run next; its local Ray says nothing of tokens.
+    assert "checkpoint: " in sweep.stdout and f"-m sweep export {spec} --out submission/" in sweep.stdout
+    assert "Token authentication" not in sweep.stdout + sweep.stderr + err, sweep.stderr[-3000:]
     printed = _last_json(out)
     trials = {t.number: t for t in load_trials(url, "live")}
     adhoc = trials[printed["number"]]
