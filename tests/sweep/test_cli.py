@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 
 import optuna
 from optuna.trial import TrialState, create_trial
@@ -14,7 +16,7 @@ from sweep import store as st
 from sweep.run import driver as drv
 from sweep.spec import load
 from sweep.store import artifacts as art
-from tests.sweep_fixtures import tiny_spec, write_spec
+from tests.sweep_fixtures import ROOT, sweep_cmd, sweep_env, tiny_spec, write_spec
 
 POINT = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
 RECORD = {"status": "ok", "val_bpb": 2.25, "steps": 120, "train_seconds": 4.0, "tokens_per_second": 2345.6,
@@ -54,6 +56,19 @@ def test_best_prints_the_record_headline_and_where_the_checkpoint_is(tmp_path, m
     assert "parameters:\n    depth = 1\n" in out
     assert cli.main(["best", str(path), "--json"]) == 0  # the JSON contract is unchanged
     assert set(json.loads(capsys.readouterr().out)) == {"number", "params", "val_bpb", "record"}
+
+
+def test_status_json_into_a_closed_pipe_exits_quietly(tmp_path, monkeypatch):
+    path, url = _study(tmp_path, monkeypatch, trials=40)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte: `| head -0`, or `| head -1` on a long output
+    try:
+        proc = subprocess.run(sweep_cmd("status", str(path), "--json"), env=sweep_env(url, tmp_path / "art"),
+                              cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 1
+    assert proc.stderr == "", proc.stderr  # no traceback, no "Exception ignored", no "sweep: BrokenPipeError"
 
 
 def test_a_local_ray_start_drops_the_token_notice_and_keeps_the_rest():
