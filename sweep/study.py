@@ -214,8 +214,10 @@ def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int
     if as_json:
         print(json.dumps(d), file=out)
         return 0
-    print(f"study {d['study']}: " + ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v), file=out)
+    counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
+    print(f"study {d['study']}: {counts or 'no trials yet'}", file=out)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    rows = []
     for row in d["trials"]:
         t = by_number[row["number"]]
         shown = row["values"] if "values" in row else [row["value"]]
@@ -223,8 +225,14 @@ def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int
         extra = t.user_attrs.get("fail_reason", "")
         if "retry_of" in t.user_attrs:
             extra = f"retry of {t.user_attrs['retry_of']}" + (f"; {extra}" if extra else "")
-        print(f"{row['number']:>5} {row['state']:<9} {value:>8}  {fmt_params(row['params'])}"
-              + (f"  [{extra}]" if extra else ""), file=out)
+        params = fmt_params(row["params"]) + (f"  [{extra}]" if extra else "")
+        rows.append((str(row["number"]), row["state"], value, params))
+    if not rows:
+        return 0
+    head = ("trial", "state", "/".join(spec.objective.names), "parameters")
+    width = max(len(head[2]), *(len(r[2]) for r in rows))
+    for r in (head, *rows):
+        print(f"{r[0]:>5} {r[1]:<9} {r[2]:>{width}}  {r[3]}", file=out)
     return 0
 
 

@@ -15,6 +15,7 @@ from sweep import cli
 from sweep import store as st
 from sweep.run import driver as drv
 from sweep.spec import load
+from sweep.spec.files import shipped_studies
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import ROOT, sweep_cmd, sweep_env, tiny_spec, write_spec
 
@@ -44,6 +45,16 @@ def _study(tmp_path, monkeypatch, trials: int = 2):
     return path, url
 
 
+def test_status_rows_have_a_header(tmp_path, monkeypatch, capsys):
+    path, _ = _study(tmp_path, monkeypatch)
+    assert cli.main(["status", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "study cli: COMPLETE 2"
+    assert lines[1].split() == ["trial", "state", "val_bpb", "parameters"]
+    assert lines[2].split()[:3] == ["0", "COMPLETE", "2.2500"]
+    assert lines[1].index("val_bpb") + len("val_bpb") == lines[2].index("2.2500") + len("2.2500")  # aligned
+
+
 def test_best_prints_the_record_headline_and_where_the_checkpoint_is(tmp_path, monkeypatch, capsys):
     path, _ = _study(tmp_path, monkeypatch)
     assert cli.main(["best", str(path)]) == 0
@@ -56,6 +67,16 @@ def test_best_prints_the_record_headline_and_where_the_checkpoint_is(tmp_path, m
     assert "parameters:\n    depth = 1\n" in out
     assert cli.main(["best", str(path), "--json"]) == 0  # the JSON contract is unchanged
     assert set(json.loads(capsys.readouterr().out)) == {"number", "params", "val_bpb", "record"}
+
+
+def test_an_unknown_study_is_named_once_with_the_studies_there_are(capsys):
+    assert cli.main(["run", "nosuchstudy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count("nosuchstudy") == 1, err
+    assert "demo" in shipped_studies() and "phase1" in shipped_studies()
+    assert ", ".join(shipped_studies()) in err
+    assert cli.main(["status", "/no/such/dir/x.toml"]) == 2
+    assert capsys.readouterr().err.count("/no/such/dir/x.toml") == 1
 
 
 def test_status_json_into_a_closed_pipe_exits_quietly(tmp_path, monkeypatch):
