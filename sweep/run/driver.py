@@ -389,8 +389,9 @@ class Driver:
     def reconcile(self) -> None:
         """On start: fail RUNNING trials whose owner is gone, and enqueue retries that are missing."""
         trials = self.study.get_trials(deepcopy=False)
-        if trials:
-            self.say(printing.resuming_line(self.spec.name, trials))
+        line = printing.opening_line(self.spec.name, trials)
+        if line:
+            self.say(line)
         self.scan(force=True)
         self._enqueue_retries()
 

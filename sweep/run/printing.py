@@ -50,8 +50,15 @@ def _num(v: Any) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else "?"
 
 
-def resuming_line(name: str, trials: list[Any]) -> str:
-    return f"resuming study {name}: {len(trials)} trials so far ({fmt_counts(state_counts(trials))})"
+def opening_line(name: str, trials: list[Any]) -> str | None:
+    """What the driver says of the trials a study holds when it starts: nothing for an empty study,
+    ``starting`` when every one is still queued (a promotion's replicates, ad-hoc trials), else ``resuming``."""
+    if not trials:
+        return None
+    states = state_counts(trials)
+    if set(states) == {"WAITING"}:
+        return f"starting study {name}: {len(trials)} queued trial(s) to run first"
+    return f"resuming study {name}: {len(trials)} trials so far ({fmt_counts(states)})"
 
 
 def started_line(number: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""What ``sweep run`` says, on stored trials without Ray: the end names the best trial's checkpoint and result
-record, where the study is kept, and the commands to run next; an ad-hoc run speaks of its own trial only."""
+"""What ``sweep run`` says at its start and its end, on stored trials without Ray: the end names the best
+trial's checkpoint and result record, where the study is kept, and the commands to run next."""
 
 from __future__ import annotations
 
@@ -70,6 +70,14 @@ def test_a_shipped_study_is_named_by_its_name_and_a_study_without_a_complete_tri
     lines = printing.summary_lines([t for t in study.get_trials() if t.state != TrialState.COMPLETE], demo, url)
     assert lines[0] == "no trial completed" and lines[-1].endswith("-m sweep status demo` lists every trial, "
                                                                    "with why it failed")
+
+
+def test_a_sweep_starts_a_study_of_queued_trials_and_resumes_one_that_ran(stored):
+    spec, _, study = stored
+    assert printing.opening_line("s", []) is None
+    waiting = [_trial(spec, {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}, None, state=TrialState.WAITING)] * 4
+    assert printing.opening_line("s", waiting) == "starting study s: 4 queued trial(s) to run first"
+    assert printing.opening_line("s", study.get_trials()).startswith("resuming study s: 3 trials so far")
 
 
 def test_the_driver_speaks_only_of_its_own_trial_when_asked(stored):
