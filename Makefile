@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test faults sweep bench lint dashboard job status best clean
+.PHONY: install system-deps test faults sweep bench lint dashboard job status best clean clean-studies
 
 install: $(STAMP)
 
@@ -73,8 +73,20 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Caches only: every study (runs/optuna-journal.log) and artifact (runs/artifacts/) stays.
 clean:
-	rm -rf runs/ .pytest_cache
+	rm -rf .pytest_cache .ruff_cache .hypothesis runs/cache runs/scratch
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Everything under runs/ but the cluster configs (runs/aws/, which `ray down` needs): the embedded study store,
+# every trial's artifacts and checkpoints, the data caches. It says what goes before it goes.
+clean-studies:
+	@gone=$$(ls -d runs/* runs/.[!.]* 2>/dev/null | grep -v '^runs/aws$$'); \
+	if [ -z "$$gone" ]; then echo "clean-studies: nothing under runs/ to remove"; exit 0; fi; \
+	echo "clean-studies removes every study and artifact under runs/ (runs/aws/ stays):"; \
+	du -sh $$gone | sed 's/^/    /'; \
+	rm -rf $$gone; \
+	echo "removed"
 
 # -- AWS (docs/aws.md) --------------------------------------------------------------------------
 INFRA := $(PY) -m infra
