@@ -91,3 +91,27 @@ def test_the_driver_speaks_only_of_its_own_trial_when_asked(stored):
     d.open_study()
     d.progress(force=True)
     assert out.getvalue().startswith("progress: done 3/4")
+
+
+def test_a_pareto_study_ends_on_its_front_and_its_next_steps_name_a_metric_and_a_trial(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(art.ENV_ARTIFACTS, "runs/artifacts")
+    fixed = {**tiny_spec()["fixed"], "core_bundle": "demo"}
+    spec = load(write_spec(tmp_path, "par", tiny_spec(objective={"type": "pareto", "metrics": ["val_bpb", "core"]},
+                                                      fixed=fixed)))
+    point = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
+    rec = {**RECORD, "core": 0.1}
+    trials = []
+    for n, values in enumerate(([2.0, 0.1], [2.5, 0.3], [2.6, 0.2])):  # trial 2 is dominated by trial 1
+        t = create_trial(state=TrialState.COMPLETE, values=values, params=point,
+                         distributions=spec.space.distributions(point),
+                         user_attrs={**rec, "val_bpb": values[0], "core": values[1], "record_fields": sorted(rec)})
+        t.number = n
+        trials.append(t)
+    lines = printing.summary_lines(trials, spec, st.resolve_url("journal:runs/j.log"))
+    fronts = [ln for ln in lines if ln.startswith("pareto front: trial")]
+    assert [ln.split()[3] for ln in fronts] == ["0", "1"]
+    assert sum(ln.startswith("  checkpoint: none kept") for ln in lines) == 2  # no files were left here
+    text = "\n".join(lines)
+    assert "-m sweep promote par.toml --top 3 --seeds 3 --budget-s 4 --by val_bpb" in text
+    assert "-m sweep export par.toml --trial 0 --out submission/" in text
