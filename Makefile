@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test faults sweep bench lint dashboard job status best clean
+.PHONY: install system-deps test faults sweep bench lint dashboard job status best clean clean-studies
 
 install: $(STAMP)
 
@@ -50,7 +50,8 @@ dashboard: $(STAMP)
 GIT_COMMIT = $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD || c=$$c-dirty; echo $$c; })
 
 # One ad-hoc trial on a running Ray head, recorded in STUDY: make job STUDY=phase1 PARAMS='{"depth": 12}'
-# [BUDGET=seconds] [NOW=1: run it at once rather than in a running sweep's next free slot].
+# [BUDGET=seconds] [NOW=1: run it at once rather than in a running sweep's next free slot]
+# [PRUNABLE=1: the study's pruner may stop it, like a trial of the sweep].
 # The head: RAY_API_SERVER_ADDRESS (or RAY_ADDRESS) = http://HEAD:8265; with token auth, its token in
 # ~/.ray/auth_token or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token.
 job: $(STAMP)
@@ -58,7 +59,7 @@ job: $(STAMP)
 	$(VENV)/bin/ray job submit --working-dir . \
 	  --runtime-env-json '{"env_vars": {"SWEEP_GIT_COMMIT": "$(GIT_COMMIT)"}}' \
 	  -- python -m sweep trial --study $(STUDY) --params '$(PARAMS)' \
-	  $(if $(BUDGET),--budget-s $(BUDGET)) $(if $(NOW),--now)
+	  $(if $(BUDGET),--budget-s $(BUDGET)) $(if $(NOW),--now) $(if $(PRUNABLE),--prunable)
 
 status: $(STAMP)
 	$(PY) -m sweep status $(STUDY)
@@ -72,8 +73,20 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Caches only: every study (runs/optuna-journal.log) and artifact (runs/artifacts/) stays.
 clean:
-	rm -rf runs/ .pytest_cache
+	rm -rf .pytest_cache .ruff_cache .hypothesis runs/cache runs/scratch
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Everything under runs/ but the cluster configs (runs/aws/, which `ray down` needs): the embedded study store,
+# every trial's artifacts and checkpoints, the data caches. It says what goes before it goes.
+clean-studies:
+	@gone=$$(ls -d runs/* runs/.[!.]* 2>/dev/null | grep -v '^runs/aws$$'); \
+	if [ -z "$$gone" ]; then echo "clean-studies: nothing under runs/ to remove"; exit 0; fi; \
+	echo "clean-studies removes every study and artifact under runs/ (runs/aws/ stays):"; \
+	du -sh $$gone | sed 's/^/    /'; \
+	rm -rf $$gone; \
+	echo "removed"
 
 # -- AWS (docs/aws.md) --------------------------------------------------------------------------
 INFRA := $(PY) -m infra

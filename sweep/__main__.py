@@ -1,5 +1,5 @@
 import sys
 
-from sweep.cli import main
+from sweep.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -9,6 +9,9 @@ the study and its storage, calls the command's one function and maps what it rai
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import select
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -49,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON object of searched parameters, or @FILE holding one; missing ones are sampled")
     t.add_argument("--budget-s", type=parse_seconds, default=None, metavar="N",
                    help="charged training seconds (default: the spec's budget); such a trial is never pruned")
+    t.add_argument("--prunable", action="store_true",
+                   help="let the study's pruner stop it like a trial of the sweep (default: it runs to its end)")
     mode = t.add_mutually_exclusive_group()
     mode.add_argument("--now", action="store_true",
                       help="run it at once on this Ray (RAY_ADDRESS, else a local one) instead of enqueueing it")
@@ -63,6 +68,32 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_parser(sub)
     export.add_parser(sub)
     return p
+
+
+def entry() -> int:
+    """``python -m sweep``: :func:`main`, and a quiet exit when the reader of stdout has gone (``| head``).
+
+    The output that no one reads any more is dropped, with no traceback and no ``Exception ignored`` line at
+    exit; the exit code is 1 (docs/design.md: not a success, not bad input).
+    """
+    try:
+        code = main()
+        sys.stdout.flush()  # what is still buffered, here rather than at exit where the error cannot be caught
+        return code
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # later writes and the flush at exit go nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def reader_gone(stream: TextIO) -> bool:
+    """Whether ``stream`` is a pipe whose reading end is closed (a BrokenPipeError from it is no failure)."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # io.StringIO, a closed file, no poll on this platform
+        return False
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
@@ -86,6 +117,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     except SpaceError as e:
         fail(f"--params: {e}", url)
         return 2
+    except BrokenPipeError as e:
+        if reader_gone(out):
+            raise  # entry() exits quietly
+        fail(f"{type(e).__name__}: {e}", url)
+        return 1
     except Exception as e:
         fail(f"{type(e).__name__}: {e}", url)
         return 1

@@ -13,11 +13,13 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import store as st
-from sweep.spec import StudySpec
+from sweep.spec import STUDIES_DIR, StudySpec
 from sweep.spec import objective as obj
+from sweep.store import artifacts
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 
@@ -137,14 +139,85 @@ def fmt_params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
+# The result record's headline figures, in the order people read them (docs/design.md, "The result record").
+HEADLINE = ("val_bpb", "val_loss", "core", "steps", "train_seconds", "tokens_per_second", "mfu", "params", "device")
+
+
+def headline(record: dict[str, Any], attrs: dict[str, Any] | None = None, skip: tuple[str, ...] = ()) -> str:
+    """A result record's headline figures on one line (``status`` first unless ok; ``git_commit`` last, from
+    the trial's user attributes ``attrs``); fields the record lacks, and those in ``skip``, are left out."""
+    parts = [] if record.get("status") in (None, "ok") else [f"status={record['status']}"]
+    for k in HEADLINE:
+        v = record.get(k)
+        if k in skip:
+            continue
+        if v is None or isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)) and not math.isfinite(v):
+            shown = str(v)
+        elif k in ("val_bpb", "val_loss", "core"):
+            shown = f"{v:.4f}"
+        elif k == "train_seconds":
+            shown = f"{v:.1f}"
+        elif k == "tokens_per_second":
+            shown = f"{v:.0f}"
+        elif k == "mfu":
+            shown = f"{100 * v:.2f}%"
+        elif k == "params" and isinstance(v, (int, float)):
+            shown = f"{v / 1e6:.2f}M"
+        else:
+            shown = str(v)
+        parts.append(f"{k}={shown}")
+    commit = (attrs or {}).get("git_commit")
+    if commit:
+        parts.append(f"git_commit={commit[:12]}{'-dirty' if (attrs or {}).get('git_dirty') else ''}")
+    return " ".join(parts) or "no result record"
+
+
+def study_arg(spec: StudySpec) -> str:
+    """How a person names the study on a command line: ``NAME`` for ``sweep/studies/NAME.toml``, else its path."""
+    path = Path(spec.path)
+    if path.resolve().parent == STUDIES_DIR.resolve() and path.stem == spec.name:
+        return spec.name
+    return artifacts.shown_path(path)
+
+
+def storage_shown(url: str) -> str:
+    """Where the study is kept, as a person would look for it: a journal file (relative to here when under
+    it), else the storage URL without its password."""
+    journal = st.journal_path(url)
+    return artifacts.shown_path(Path(journal)) if journal is not None else st.redact(url)
+
+
+def python_cmd() -> str:
+    """``.venv/bin/python`` (this interpreter, when it lies under the current directory), else ``python``."""
+    try:  # not resolved: a virtual environment's python is a link to the system's
+        return str(Path(sys.executable).absolute().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return "python"
+
+
+def file_lines(t: Any, spec: StudySpec, indent: str = "  ") -> list[str]:
+    """Where a trial's checkpoint and result record are (``checkpoint: PATH``, ``result: PATH``)."""
+    found = artifacts.trial_files(t, artifacts.artifacts_url(spec.artifacts), spec.name)
+    lines = [f"{indent}checkpoint: {found.get('checkpoint', 'none kept')}"]
+    if "record" in found:
+        lines.append(f"{indent}result:     {found['record']}")
+    if "dir" in found:
+        lines.append(f"{indent}files:      {found['dir']} (config.json, trainer.log, events.jsonl, ...)")
+    return lines
+
+
 def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
     """``sweep status``: the counts by state, then one line per trial (or :func:`status_dict` as JSON)."""
     d = status_dict(study)
     if as_json:
         print(json.dumps(d), file=out)
         return 0
-    print(f"study {d['study']}: " + ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v), file=out)
+    counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
+    print(f"study {d['study']}: {counts or 'no trials yet'}", file=out)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    rows = []
     for row in d["trials"]:
         t = by_number[row["number"]]
         shown = row["values"] if "values" in row else [row["value"]]
@@ -152,24 +225,36 @@ def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int
         extra = t.user_attrs.get("fail_reason", "")
         if "retry_of" in t.user_attrs:
             extra = f"retry of {t.user_attrs['retry_of']}" + (f"; {extra}" if extra else "")
-        print(f"{row['number']:>5} {row['state']:<9} {value:>8}  {fmt_params(row['params'])}"
-              + (f"  [{extra}]" if extra else ""), file=out)
+        params = fmt_params(row["params"]) + (f"  [{extra}]" if extra else "")
+        rows.append((str(row["number"]), row["state"], value, params))
+    if not rows:
+        return 0
+    head = ("trial", "state", "/".join(spec.objective.names), "parameters")
+    width = max(len(head[2]), *(len(r[2]) for r in rows))
+    for r in (head, *rows):
+        print(f"{r[0]:>5} {r[1]:<9} {r[2]:>{width}}  {r[3]}", file=out)
     return 0
 
 
 def print_best(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
-    """``sweep best``: the best complete trial and its parameters (or :func:`best_dict` as JSON); 1 if none."""
+    """``sweep best``: the best complete trial, its record's headline figures, where its checkpoint and record
+    are, and its parameters (or :func:`best_dict` as JSON); 1 if none."""
     d = best_dict(study, spec.direction, spec.objective)
     if d is None:
         print(f"sweep: study {spec.name!r} has no complete trial yet", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(d), file=out)
-    else:
-        values = [d["value"]] if "value" in d else [d["val_bpb"]]
-        print(f"best: trial {d['number']} {obj.fmt_values(spec.objective, values, d['record'])}", file=out)
-        for k, v in d["params"].items():
-            print(f"  {k} = {v}", file=out)
+        return 0
+    t = next(t for t in study.get_trials(deepcopy=False) if t.number == d["number"])
+    values = [d["value"]] if "value" in d else [d["val_bpb"]]
+    print(f"best: trial {d['number']} {obj.fmt_values(spec.objective, values, d['record'])}", file=out)
+    print(f"  record:     {headline(d['record'], t.user_attrs, skip=spec.objective.metrics)}", file=out)
+    for line in file_lines(t, spec):
+        print(line, file=out)
+    print("  parameters:", file=out)
+    for k, v in d["params"].items():
+        print(f"    {k} = {v}", file=out)
     return 0
 
 
@@ -183,7 +268,12 @@ def print_front(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
         print(json.dumps(d), file=out)
         return 0
     print(f"pareto front of {spec.name} ({spec.objective.describe()}): {len(d['front'])} trial(s)", file=out)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     for m in d["front"]:
+        t = by_number[m["number"]]
         print(f"  trial {m['number']} {obj.fmt_values(spec.objective, m['values'], m['record'])}  "
               f"{fmt_params(m['params'])}", file=out)
+        print(f"    record:     {headline(m['record'], t.user_attrs, skip=spec.objective.metrics)}", file=out)
+        for line in file_lines(t, spec, indent="    "):
+            print(line, file=out)
     return 0

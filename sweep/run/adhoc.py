@@ -5,7 +5,12 @@ the space, the missing active parameters drawn until the constraints hold, ``--b
 spec's eval points, the storage against a Ray job's throwaway working directory. Then the trial is
 enqueued WAITING for a running sweep's next free slot (and followed until it finishes, unless
 ``--no-wait``), or run at once on this Ray (``--now``). It is marked ``adhoc``: it takes a slot but never
-counts towards ``n_trials`` and is never retried; one with its own budget is never pruned.
+counts towards ``n_trials`` and is never retried. A point a person asked for runs to its end: the study's
+pruner judges it only with ``--prunable`` (and never one with its own budget, off the pruner's rungs).
+
+Its output is its own: the lines of its trial (started, reports, outcome), then the result as JSON. The exit
+code says whether it failed, not how it ranked: 0 for COMPLETE and PRUNED (the state is in the JSON), 1 for
+FAIL.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, TextIO
 from sweep import store as st
 from sweep.run import liveness, printing
 from sweep.run.driver import Driver
-from sweep.run.outcome import ATTR_ADHOC, ATTR_ADHOC_BUDGET, ATTR_ADHOC_SAMPLED
+from sweep.run.outcome import ATTR_ADHOC, ATTR_ADHOC_BUDGET, ATTR_ADHOC_PRUNABLE, ATTR_ADHOC_SAMPLED
 from sweep.spec import StudySpec
 from sweep.spec import objective as obj
 from sweep.spec.expr import ExprError
@@ -43,11 +48,16 @@ def run_adhoc(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) 
             raise UsageError(f"--budget-s {args.budget_s:g}: the spec's eval points collide on the charged-second "
                              f"axis ({steps}); use a longer budget")
         attrs[ATTR_ADHOC_BUDGET] = args.budget_s
+    if getattr(args, "prunable", False):
+        if ATTR_ADHOC_BUDGET in attrs:
+            raise UsageError(f"--prunable: a trial with its own --budget-s {args.budget_s:g} is never pruned (the "
+                             f"pruner's rungs are those of the spec's {spec.budget_s:g} s)")
+        attrs[ATTR_ADHOC_PRUNABLE] = True
     point, sampled = adhoc_point(spec.space, params)
     if sampled:
         attrs[ATTR_ADHOC_SAMPLED] = sampled
     refuse_job_local_store(url, spec)
-    driver = Driver(spec, out=out)
+    driver = Driver(spec, out=out, own_only=True)
     if args.now:
         t = run_now(driver, point, attrs)
     else:
@@ -61,7 +71,7 @@ def run_adhoc(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) 
             driver.say(f"interrupted: trial {number} stays in study {spec.name}; a sweep of it will run it")
             return 1
     print(json.dumps(trial_result(t, spec.objective)), file=out, flush=True)
-    return 0 if t.state.name == "COMPLETE" else 1
+    return 1 if t.state.name == "FAIL" else 0
 
 
 def read_params(text: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from sweep.run import liveness, printing
 from sweep.run.outcome import (
     ATTR_ADHOC,
     ATTR_ADHOC_BUDGET,
+    ATTR_ADHOC_PRUNABLE,
     ATTR_RANDOM_FEASIBLE,
     ATTR_SPEC_HASH,
     CONSTRAINT,
@@ -73,10 +74,14 @@ class InFlight:
 class Driver:
     """One sweep run over a study; :meth:`run` returns the process exit code."""
 
-    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0) -> None:
+    def __init__(self, spec: StudySpec, out: TextIO | None = None, poll_s: float = 1.0, next_steps: bool = True,
+                 own_only: bool = False) -> None:
         self.spec = spec
         self.out = out or sys.stdout
         self.poll_s = poll_s
+        self.next_steps = next_steps  # end the run with the commands to run next (a promotion prints its report)
+        # `sweep trial --now`: speak of and watch only the trials it submits (no study progress, no reaping)
+        self.own_only = own_only
         self.url = st.resolve_url(spec.storage)
         self.spec_hash = spec_hash(spec.path)
         self.run_id = uuid.uuid4().hex[:8]
@@ -154,7 +159,8 @@ class Driver:
         else:
             kwargs |= {"include_dashboard": False, "num_cpus": os.cpu_count() or 1,
                        "object_store_memory": 200 * 1024**2}
-            ray.init(**kwargs)
+            with quiet_local_token_notice():
+                ray.init(**kwargs)
             self._started_ray = True
         missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
         if missing and self._started_ray:
@@ -290,9 +296,11 @@ class Driver:
         spec = self.spec
         config = {**spec.space.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
-        # An ad-hoc trial may bring its own budget; the pruner's rungs belong to the spec's, so it is not pruned.
+        # An ad-hoc trial runs to its end unless asked (--prunable); one with its own budget always does, since
+        # the pruner's rungs belong to the spec's budget.
         budget_s = float(user_attrs.get(ATTR_ADHOC_BUDGET, spec.budget_s))
-        pruner = (spec.pruner.name, dict(spec.pruner.options)) if budget_s == spec.budget_s else ("none", {})
+        prunable = budget_s == spec.budget_s and (not user_attrs.get(ATTR_ADHOC) or user_attrs.get(ATTR_ADHOC_PRUNABLE))
+        pruner = (spec.pruner.name, dict(spec.pruner.options)) if prunable else ("none", {})
         store = art.artifacts_url(spec.artifacts)
         task = TrialTask(
             study=spec.name, storage_url=self.worker_url, number=number, trial_id=trial_id, params=params,
@@ -381,8 +389,9 @@ class Driver:
     def reconcile(self) -> None:
         """On start: fail RUNNING trials whose owner is gone, and enqueue retries that are missing."""
         trials = self.study.get_trials(deepcopy=False)
-        if trials:
-            self.say(printing.resuming_line(self.spec.name, trials))
+        line = printing.opening_line(self.spec.name, trials)
+        if line:
+            self.say(line)
         self.scan(force=True)
         self._enqueue_retries()
 
@@ -402,7 +411,7 @@ class Driver:
             if st.trial_id(t) in mine:
                 ref, slot = mine[st.trial_id(t)]
                 changed |= self._check_own(t, ref, slot, wall)
-            else:
+            elif not self.own_only:
                 changed |= self._check_foreign(t, wall)
         if changed:
             self._enqueue_retries()
@@ -451,6 +460,8 @@ class Driver:
                 self.say(printing.report_line(slot.number, step, value))
 
     def progress(self, force: bool = False) -> None:
+        if self.own_only:
+            return
         now = time.monotonic()
         if not force and now - self._last_progress < PROGRESS_EVERY_S:
             return
@@ -459,5 +470,29 @@ class Driver:
         self.say(printing.progress_line(trials, self.spec, len(self.inflight), now - self.t0))
 
     def print_best(self) -> None:
-        for line in printing.best_lines(self.study.get_trials(deepcopy=False), self.spec):
+        trials = self.study.get_trials(deepcopy=False)
+        for line in printing.summary_lines(trials, self.spec, self.url, next_steps=self.next_steps):
             self.say(line)
+
+
+# Ray's notice on every local ray.init() when RAY_AUTH_MODE is unset: token authentication was switched on for
+# the cluster it starts. A local Ray lives and dies with the command, so the notice is noise there; joining a
+# cluster (RAY_ADDRESS) goes through Ray's own path and keeps every warning.
+TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropTokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(TOKEN_NOTICE)
+
+
+@contextlib.contextmanager
+def quiet_local_token_notice() -> Any:
+    """Drop Ray's token-authentication notice while a local Ray starts (authentication itself stays on)."""
+    logger, drop = logging.getLogger(TOKEN_LOGGER), _DropTokenNotice()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

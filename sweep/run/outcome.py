@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sweep import store as st
+from sweep.store.artifacts import ATTR_WORKDIR
 
 # -- system attributes: liveness (see sweep.run.liveness) ---------------------------------------------
 ATTR_HEARTBEAT = "sweep:heartbeat"  # unix time, refreshed while someone is responsible for the trial
@@ -36,7 +37,7 @@ ATTR_SLOT_SECONDS = "slot_seconds"  # task start to just before the tell: what t
 ATTR_SUPERVISOR_SECONDS = "supervisor_seconds"  # where the supervisor's own time went, by phase
 ATTR_LAUNCH_UNIX = "launch_unix"  # unix time the trainer was started
 ATTR_FIRST_STEP_UNIX = "first_step_unix"  # unix time of the trainer's first step event
-ATTR_ARTIFACTS = "artifacts"  # the trial's working directory on its node
+ATTR_ARTIFACTS = ATTR_WORKDIR  # "artifacts": the trial's working directory on its node (artifacts.py reads it)
 ATTR_ARTIFACTS_ERROR = "artifacts_error"  # why the working files are not where the spec said (full disk)
 ATTR_ARTIFACT_ERROR = "artifact_error"  # why the upload to the artifact store failed
 
@@ -47,6 +48,7 @@ ATTR_RANDOM_FEASIBLE = "random_feasible"  # enqueued after too many constraint r
 ATTR_ADHOC = "adhoc"  # a `sweep trial`: takes a slot, never counts
 ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
 ATTR_ADHOC_SAMPLED = "adhoc_sampled"  # the parameters `sweep trial` drew because --params lacked them
+ATTR_ADHOC_PRUNABLE = "adhoc_prunable"  # `sweep trial --prunable`: the study's pruner may stop it
 
 RETRYABLE = frozenset({"crash", "lost"})  # fail kinds retried once with the same parameters
 CONSTRAINT = "constraint"  # the fail kind of a point the space's constraints rejected (never ran)

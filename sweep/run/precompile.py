@@ -39,6 +39,7 @@ from typing import Any, TextIO
 
 from sweep import neuron
 from sweep import store as st
+from sweep.run.driver import quiet_local_token_notice
 from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.spec.expr import ExprError
 
@@ -230,8 +231,9 @@ def run(spec: Any, shapes: list[Shape], url: str | None, out: TextIO, require: s
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(include_dashboard=False, num_cpus=os.cpu_count() or 1, object_store_memory=200 * 1024**2,
-                     **kwargs)
+            with quiet_local_token_notice():
+                ray.init(include_dashboard=False, num_cpus=os.cpu_count() or 1, object_store_memory=200 * 1024**2,
+                         **kwargs)
             started = True
     try:
         if require and ray.cluster_resources().get(require, 0) <= 0:

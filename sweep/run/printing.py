@@ -11,7 +11,16 @@ from typing import Any
 from sweep.run.outcome import ATTR_ADHOC, ATTR_FAIL_KIND, ATTR_RETRY_OF, CONSTRAINT, counts
 from sweep.spec import StudySpec
 from sweep.spec import objective as obj
-from sweep.study import best_trial, fmt_params
+from sweep.study import (
+    best_trial,
+    file_lines,
+    fmt_params,
+    headline,
+    python_cmd,
+    record_of,
+    storage_shown,
+    study_arg,
+)
 
 
 def state_counts(trials: list[Any]) -> dict[str, int]:
@@ -41,8 +50,15 @@ def _num(v: Any) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else "?"
 
 
-def resuming_line(name: str, trials: list[Any]) -> str:
-    return f"resuming study {name}: {len(trials)} trials so far ({fmt_counts(state_counts(trials))})"
+def opening_line(name: str, trials: list[Any]) -> str | None:
+    """What the driver says of the trials a study holds when it starts: nothing for an empty study,
+    ``starting`` when every one is still queued (a promotion's replicates, ad-hoc trials), else ``resuming``."""
+    if not trials:
+        return None
+    states = state_counts(trials)
+    if set(states) == {"WAITING"}:
+        return f"starting study {name}: {len(trials)} queued trial(s) to run first"
+    return f"resuming study {name}: {len(trials)} trials so far ({fmt_counts(states)})"
 
 
 def started_line(number: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> str:
@@ -81,7 +97,7 @@ def progress_line(trials: list[Any], spec: StudySpec, running: int, elapsed_s: f
 
 
 def best_lines(trials: list[Any], spec: StudySpec) -> list[str]:
-    """The run's last lines: its best trial, or a pareto study's front."""
+    """The run's best trial on one line, or a pareto study's front one line each."""
     objective = spec.objective
     if objective.multi:
         members = obj.front(trials, objective.directions)
@@ -94,3 +110,40 @@ def best_lines(trials: list[Any], spec: StudySpec) -> list[str]:
         return ["no trial completed"]
     return [f"best: trial {best.number} {obj.fmt_values(objective, [best.value], best.user_attrs)} "
             f"{fmt_params(best.params)}"]
+
+
+def summary_lines(trials: list[Any], spec: StudySpec, url: str, next_steps: bool = True) -> list[str]:
+    """The run's last lines: the best trial (a pareto study: its front), its record's headline figures,
+    where its checkpoint and result record are, where the study is kept, and what to run next."""
+    objective = spec.objective
+    if objective.multi:
+        best = obj.front(trials, objective.directions)
+    else:
+        one = best_trial(trials, spec.direction)
+        best = [one] if one is not None else []
+    name = study_arg(spec)
+    py = python_cmd()
+    lines: list[str] = []
+    for line, t in zip(best_lines(trials, spec), best or [None], strict=True):
+        lines.append(line)
+        if t is not None:
+            lines.append(f"  record:     {headline(record_of(t), t.user_attrs, skip=objective.metrics)}")
+            lines += file_lines(t, spec)
+    lines.append(f"study {spec.name}: {len(trials)} trials ({fmt_counts(state_counts(trials))}) "
+                 f"in {storage_shown(url)}")
+    if not best:
+        return [*lines, f"next: `{py} -m sweep status {name}` lists every trial, with why it failed"]
+    if not next_steps:
+        return lines
+    number = best[0].number
+    by = f" --by {objective.metrics[0]}" if objective.multi else ""
+    pick = f" --trial {number}" if objective.multi else ""
+    steps = [
+        (f"make dashboard STUDY={name}", "learning curves and records at http://127.0.0.1:8080"),
+        (f"{py} -m sweep best {name}", "this trial again"),
+        (f"{py} -m sweep promote {name} --top 3 --seeds 3 --budget-s {spec.budget_s:g}{by}",
+         "the 3 best again, 3 seeds each: beyond noise?"),
+        (f"{py} -m sweep export {name}{pick} --out submission/", f"the competition's files for trial {number}"),
+    ]
+    width = max(len(cmd) for cmd, _ in steps)
+    return [*lines, "next:", *(f"  {cmd:<{width}}  # {why}" for cmd, why in steps)]

@@ -201,7 +201,7 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
         return 2
     code = 0
     if sum(counts(t) for t in study.get_trials(deepcopy=False)) < linked.n_trials:
-        code = Driver(linked, out=sys.stderr if args.json else out).run()
+        code = Driver(linked, out=sys.stderr if args.json else out, next_steps=False).run()  # its report follows
     rep = report(load_study(linked, url), spec.objective, metric)
     if args.json:
         print(json.dumps(rep), file=out, flush=True)

@@ -31,6 +31,20 @@ def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
     return STUDIES_DIR / f"{text}.toml"
 
 
+def shipped_studies() -> list[str]:
+    """The names of the study specs in ``sweep/studies/``."""
+    return sorted(p.stem for p in STUDIES_DIR.glob("*.toml"))
+
+
+def missing_spec(path: Path) -> str:
+    """The one line for a spec that is not there: a name (``sweep/studies/NAME.toml``) says the studies there
+    are; a path says itself once."""
+    if path.parent.resolve() == STUDIES_DIR.resolve() and path.suffix == ".toml":
+        return (f"no such study spec {path.stem!r} in sweep/studies/; the studies there: "
+                f"{', '.join(shipped_studies()) or 'none'} (or give a path to a .toml)")
+    return f"no such study spec {path}"
+
+
 def read_spec_file(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Decode a spec file, merged over the spec it ``extends`` (tables merge, values replace).
 
@@ -39,8 +53,9 @@ def read_spec_file(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        where = f"{chain[-1]}: extends" if chain else str(path)
-        raise SpecError(f"{where}: no such study spec {path}") from None
+        if chain:
+            raise SpecError(f"{chain[-1]}: extends: no such study spec {path}") from None
+        raise SpecError(missing_spec(path)) from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: invalid TOML: {e}") from None
     except OSError as e:

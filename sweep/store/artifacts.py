@@ -41,6 +41,10 @@ ENV_ARTIFACTS = "SWEEP_ARTIFACTS"
 DEFAULT_ARTIFACTS = "runs/artifacts"
 STORE_DIR = "_store"  # under a local artifacts directory, beside the STUDY/NUMBER working dirs
 ENV_GIT_COMMIT = "SWEEP_GIT_COMMIT"  # wins over git, for code shipped without its .git
+ATTR_WORKDIR = "artifacts"  # the trial user attribute holding its working directory on its node
+CHECKPOINT = "final.pt"
+RESULT = "result.json"  # the trainer's result record (or the supervisor's outcome when it left none)
+OUTCOME = "outcome.json"  # the supervisor's outcome, always written in the working directory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Explicit types so the dashboard shows logs as text (and .pt is not taken for a SNES page table).
@@ -150,6 +154,45 @@ def list_artifacts(trial: Any) -> list[dict[str, Any]]:
     """The artifacts recorded on a FrozenTrial: ``[{"artifact_id", "filename", "mimetype", "encoding"}]``."""
     prefix = "artifacts:"
     return [json.loads(v) for k, v in sorted(trial.system_attrs.items()) if k.startswith(prefix)]
+
+
+def trial_files(trial: Any, url: str, study: str) -> dict[str, str]:
+    """Where a finished trial's checkpoint and result record can be found: ``{"dir", "checkpoint", "record"}``.
+
+    Its working files (``DIR/STUDY/NUMBER/``, or where the trial said they went) when they are on this
+    machine, else its uploads in the store behind ``url`` (a bucket's ``s3://`` key, a local store's
+    file). A file found in neither is left out (a trial without a checkpoint has no ``checkpoint``).
+    Paths under the current directory are shown relative to it, as a person would type them.
+    """
+    work = Path(trial.user_attrs.get(ATTR_WORKDIR) or scratch_root(url) / study / str(trial.number))
+    uploads = {a.get("filename"): a.get("artifact_id") for a in list_artifacts(trial)}
+    found: dict[str, str] = {}
+    if work.is_dir():
+        found["dir"] = shown_path(work) + "/"
+    for key, names in (("checkpoint", (CHECKPOINT,)), ("record", (RESULT, OUTCOME))):
+        for name in names:
+            if (work / name).is_file():
+                found[key] = shown_path(work / name)
+            elif uploads.get(name):
+                found[key] = stored_location(url, uploads[name])
+            if key in found:
+                break
+    return found
+
+
+def stored_location(url: str, artifact_id: str) -> str:
+    """Where the store behind ``url`` keeps an upload: ``s3://bucket/prefix/ID`` or ``DIR/_store/ID``."""
+    if is_s3(url):
+        return f"{url.rstrip('/')}/{artifact_id}"
+    return shown_path(Path(url) / STORE_DIR / artifact_id)
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as a person would type it here: relative to the current directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 # -- provenance -------------------------------------------------------------------------------------

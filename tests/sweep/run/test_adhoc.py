@@ -23,11 +23,13 @@ import pytest
 from sweep import cli
 from sweep import store as st
 from sweep.run.outcome import counts
+from sweep.spec import load as load_spec
 from sweep.spec import spec_hash
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import (
     ROOT,
     load_trials,
+    local_ray,
     pg_available,
     pg_database,
     run_sweep,
@@ -141,6 +143,9 @@ def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_recor
             waiter.kill()
     assert waiter.returncode == 0, out + err
     assert "(ad hoc)" in sweep.stdout
+    # The sweep ends saying where its best checkpoint is and what to run next; its local Ray says nothing of tokens.
+    assert "checkpoint: " in sweep.stdout and f"-m sweep export {spec} --out submission/" in sweep.stdout
+    assert "Token authentication" not in sweep.stdout + sweep.stderr + err, sweep.stderr[-3000:]
     printed = _last_json(out)
     trials = {t.number: t for t in load_trials(url, "live")}
     adhoc = trials[printed["number"]]
@@ -151,6 +156,38 @@ def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_recor
     regular = [t for t in trials.values() if not t.user_attrs.get("adhoc")]
     assert len(regular) == 1 and sorted(regular[0].intermediate_values) == [2, 4]
     assert sum(counts(t) for t in trials.values()) == 1
+
+
+# -- --now: the point runs to its end unless --prunable, and the command speaks of it alone -----------------
+
+@pytest.mark.slow
+def test_now_is_not_pruned_unless_prunable_and_a_pruned_trial_exits_0(tmp_path, monkeypatch, data_cache, capsys):
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv(st.ENV_STORAGE, url)
+    monkeypatch.setenv(art.ENV_ARTIFACTS, str(tmp_path / "art"))
+    spec = _spec(tmp_path, "prn", data_cache, pruner={"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0})
+    # A finished trial no real one can match at the eval point (2 s): the median pruner stops whatever it may.
+    study = optuna.create_study(study_name="prn", storage=st.open_storage(url))
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.0, params=GOOD, intermediate_values={2: 0.0},
+                                 distributions=load_spec(spec).space.distributions(GOOD)))
+    with local_ray("adhoc-prune"):
+        assert cli.main(["trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now"]) == 0
+        kept = capsys.readouterr().out
+        assert cli.main(["trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now", "--prunable"]) == 0
+        pruned = capsys.readouterr().out
+    assert _last_json(kept)["state"] == "COMPLETE" and _last_json(pruned)["state"] == "PRUNED"
+    for out in (kept, pruned):  # its own lines only: no study progress, no best of the study
+        assert "progress:" not in out and "best:" not in out and "next:" not in out, out
+        assert all(line.startswith(("trial ", "ray:", '{"number"')) for line in out.splitlines()), out
+    _, first, second = load_trials(url, "prn")
+    assert first.state.name == "COMPLETE" and "adhoc_prunable" not in first.user_attrs
+    assert second.state.name == "PRUNED" and second.user_attrs["adhoc_prunable"] is True
+    # --prunable with its own budget cannot be honoured: the pruner's rungs are the spec's.
+    assert cli.main(["trial", "--study", str(spec), "--params", "{}", "--budget-s", "6", "--prunable"]) == 2
+    assert "--prunable: a trial with its own --budget-s 6 is never pruned" in capsys.readouterr().err
 
 
 # -- ray job submit to a real head -------------------------------------------------------------------------

@@ -154,6 +154,18 @@ def test_promote_runs_replicates_on_ray_and_resumes_without_rerunning(tmp_path, 
     assert prov["config"]["seed"] == prov["params"]["seed"] and prov["trial_code_version"]["git_commit"]
 
 
+def test_a_new_promotion_says_it_is_starting_not_resuming(tmp_path, monkeypatch):
+    from sweep.run.driver import Driver
+
+    _, url, spec, source = _source(tmp_path, monkeypatch)
+    linked, _ = promote.prepare(spec, source, 2, 6.0, 2, url)
+    out = io.StringIO()
+    driver = Driver(linked, out=out, next_steps=False)  # what promote runs, up to its first trial
+    driver.open_study()
+    driver.reconcile()
+    assert out.getvalue() == "starting study src-promote-6: 4 queued trial(s) to run first\n"
+
+
 def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
     path, url, _, _ = _source(tmp_path, monkeypatch)
     empty = write_spec(tmp_path, "empty", tiny_spec())
