@@ -4,9 +4,10 @@ bpb = sum of cross-entropy (nats) over target tokens whose byte length is positi
 ln 2 times the sum of those byte lengths. Special tokens have length 0 and so count in neither sum;
 padding targets (-1) are ignored. Sums are reduced over all ranks, so every rank returns the same figure.
 
-When the rows scored are a uniform random sample of a larger set, val_bpb estimates that set's figure;
-BpbResult.stderr(population) is the estimate's standard error, from per-row sums kept alongside (the
-rows' nats and bytes and their products).
+final_val_bpb gives a run's result-record fields: it scores the rows the competition's evaluate_bpb
+scores (model.data.scoring_set). When the rows scored are a uniform random sample of those, val_bpb
+estimates their figure; BpbResult.stderr(population) is the estimate's standard error, from
+per-row sums kept alongside (the rows' nats and bytes and their products).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from model.core import CoreResult, Task, evaluate_core, load_bundle
+from model.data import scoring_set
 
-__all__ = ["BpbResult", "CoreResult", "Task", "evaluate_bpb", "evaluate_core", "load_bundle"]
+__all__ = ["BpbResult", "CoreResult", "Task", "evaluate_bpb", "evaluate_core", "final_val_bpb", "load_bundle"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +98,23 @@ def evaluate_bpb(
     nats, tokens, nbytes, rows, xx, xy, yy = totals.tolist()
     return BpbResult(nats=nats, tokens=int(tokens), bytes=int(nbytes), rows=int(rows), row_moments=(xx, xy, yy))
 
+
+def final_val_bpb(
+    model: torch.nn.Module, ds: Any, batch_size: int, seq_len: int, n_tokens: int, sample_rows: int,
+    eval_seq_len: int, device: torch.device, autocast: Any = None, rank: int = 0, world_size: int = 1,
+    same_on_all_ranks: Any = None,
+) -> dict[str, Any]:
+    """The result record's val_* fields over model.data.scoring_set's rows (the arguments are its): the rows
+    the competition's evaluate_bpb scores, or a fixed sample of them, whose standard error val_bpb_stderr
+    gives (0 when every row is scored)."""
+    scoring = scoring_set(ds, batch_size, seq_len, n_tokens, sample_rows, eval_seq_len, rank, world_size,
+                          same_on_all_ranks=same_on_all_ranks)
+    if scoring is None:  # a kit that does not say which rows it scores: its own evaluate_bpb, on every rank
+        bpb, seen = ds.evaluate(model, batch_size, device, autocast)
+        return {"val_bpb": bpb, "val_loss": seen["nats"] / max(seen["tokens"], 1), "val_tokens": seen["tokens"],
+                "val_bytes": seen["bytes"], "val_rows": seen["rows"], "val_population_rows": seen["rows"],
+                "val_seq_len": ds.eval_seq_len, "val_bpb_stderr": 0.0}
+    res = evaluate_bpb(model, scoring.batches, ds.token_bytes, device, autocast)
+    return {"val_bpb": res.val_bpb, "val_loss": res.val_loss, "val_tokens": res.tokens, "val_bytes": res.bytes,
+            "val_rows": res.rows, "val_population_rows": scoring.population, "val_seq_len": scoring.seq_len,
+            "val_bpb_stderr": res.stderr(scoring.population)}
