@@ -103,15 +103,3 @@ def standin_kit(data_cache, tmp_path_factory) -> Path:
     return build_kit(tmp_path_factory.mktemp("kit") / "kit", demo, VOCAB_SIZE=TINY["vocab_size"],
                      EVAL_TOKENS=KIT_EVAL_ROWS * 2048)
 
-
-@pytest.fixture
-def make_kit(standin_kit, data_cache, tmp_path):
-    """make_kit(**constants): another stand-in kit with other constants, its tokenizer copied from standin_kit."""
-    from tests.kit_standin import build_kit
-
-    def make(name: str = "kit2", **constants) -> Path:
-        constants = {"VOCAB_SIZE": TINY["vocab_size"], "EVAL_TOKENS": KIT_EVAL_ROWS * 2048, **constants}
-        return build_kit(tmp_path / name, Path(data_cache).parent / "data" / "demo", tokenizer_from=standin_kit,
-                         **constants)
-
-    return make
