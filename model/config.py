@@ -123,7 +123,13 @@ class RunConfig:
     eval_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     eval_at_start: bool = False
     eval_tokens: int = 16384  # intermediate evaluations: a fixed slice of the validation set
+    # The final evaluation scores what the competition's evaluate_bpb scores (model.data.scoring_set): on the
+    # kit's data, its rows (its MAX_SEQ_LEN and EVAL_TOKENS decide); else the first final_eval_tokens //
+    # eval_seq_len rows of the validation stream, at eval_seq_len (0: seq_len; a study that searches seq_len
+    # sets it, e.g. 2048 as the kit, so that every trial is scored on the same rows at the same length).
     final_eval_tokens: int = 65536
+    eval_seq_len: int = 0  # on the kit's data 0 or its MAX_SEQ_LEN
+    final_eval_rows: int = 0  # 0: every one of those rows (exact); n: a fixed uniform sample of n, with val_bpb_stderr
     data: str = ""  # "" or "demo": the demo corpus; else a directory, glob or file of parquet or text
     tokenizer: str = ""  # "": train one of vocab_size on the training text
     val_shard: str = ""
@@ -229,7 +235,7 @@ def _check_run(run: RunConfig) -> None:
         if getattr(run, key) <= 0:
             raise ConfigError(f"{key} must be positive, got {getattr(run, key)}")
     for key in ("startup_allowance_s", "excluded_steps", "max_steps", "num_threads", "core_max_examples",
-                "total_batch_tokens"):
+                "total_batch_tokens", "eval_seq_len", "final_eval_rows"):
         if getattr(run, key) < 0:
             raise ConfigError(f"{key} must not be negative, got {getattr(run, key)}")
     if any(not 0 < f <= 1 for f in run.eval_fractions):

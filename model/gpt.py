@@ -2,7 +2,10 @@
 
 Everything a sweep may vary lives in `model.config.GPTConfig`, which a flat parameter dict fills; its
 parameter count and FLOPs per token are `model.counts`' (torch-free, for the sweep too). The model keeps
-static shapes (rotary tables sized to `seq_len`) so compiled graphs never change between steps.
+static shapes in training (rotary tables sized to `seq_len`) so compiled graphs never change between steps.
+It evaluates at any length: a longer input (the competition kit's evaluate_bpb always runs at its
+MAX_SEQ_LEN, 2048, whatever the model trained at) grows the tables once, eagerly, to that length. Growing
+changes no value: a position's angles are the same in a table of any length.
 """
 
 from __future__ import annotations
@@ -136,6 +139,8 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """Logits (B, T, V) without targets; else the cross-entropy, ignoring targets equal to -1."""
         T = idx.size(1)
+        if self.cos.size(1) < T:  # never in training (T == seq_len): compiled graphs see fixed tables
+            self.grow_rotary(T)
         cos, sin = self.cos[:, :T], self.sin[:, :T]
         x = x0 = self.ops.rms_norm(self.wte(idx))
         for i, block in enumerate(self.blocks):
@@ -152,6 +157,15 @@ class GPT(nn.Module):
         if self.config.softcap > 0:
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
         return logits
+
+    @torch.no_grad()
+    def grow_rotary(self, length: int) -> None:
+        """Rotary tables for inputs of up to `length` tokens (computed on the CPU as at construction)."""
+        if length <= self.cos.size(1):
+            return
+        cos, sin = rotary_tables(length, self.config.head_dim, self.config.rope_base)
+        self.cos = cos.to(self.cos.device)
+        self.sin = sin.to(self.sin.device)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Split parameters by optimiser role: Muon takes the block matrices, AdamW the rest."""

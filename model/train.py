@@ -20,6 +20,7 @@ import time
 _PROCESS_START = time.perf_counter()  # before the heavy imports: their time is start-up too
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -36,9 +37,9 @@ import torch.distributed as dist  # noqa: E402
 from model import device as devices  # noqa: E402
 from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
-from model.data import BatchLoader, DataError, load_dataset, validation_batches  # noqa: E402
+from model.data import BatchLoader, DataError, check_scoring, load_dataset, validation_batches  # noqa: E402
 from model.democore import resolve_bundle  # noqa: E402
-from model.evaluate import evaluate_bpb, evaluate_core, load_bundle  # noqa: E402
+from model.evaluate import evaluate_bpb, evaluate_core, final_val_bpb, load_bundle  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
@@ -153,6 +154,15 @@ def _agree_on_stop(code: int, rt: devices.Runtime) -> int:
     return int(t.item())
 
 
+def _same_on_all_ranks(value: int, rt: devices.Runtime) -> bool:
+    """Whether an integer (a batch digest, 62 bits) is the same on every rank: the data's one collective."""
+    if rt.world_size == 1:
+        return True
+    t = torch.tensor([value, -value], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [max, -min]
+    return t.tolist() == [value, -value]
+
+
 def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
     """Make every rank adopt the slowest rank's charged seconds and the strongest stop request.
 
@@ -195,9 +205,12 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         opt.compile(backend)
 
     B, T = run.batch_size, cfg.model.seq_len
-    loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=rt.rank, world_size=rt.world_size, seed=run.seed)
+    check_scoring(ds, run.eval_seq_len)  # a final evaluation the data cannot give fails now, not after the budget
+    same = functools.partial(_same_on_all_ranks, rt=rt)  # the kit's loader may not split ranks (model.data.kit)
+    loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=rt.rank, world_size=rt.world_size, seed=run.seed,
+                         same_on_all_ranks=same)
     eval_batches = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=run.eval_tokens,
-                                      rank=rt.rank, world_size=rt.world_size)
+                                      rank=rt.rank, world_size=rt.world_size, same_on_all_ranks=same)
     tokens_per_step = B * T * run.grad_accum * rt.world_size
     clock = ChargedClock(run.budget_s, run.startup_allowance_s, run.excluded_steps, run.max_steps)
     state = RunState()
@@ -273,6 +286,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     train_seconds = clock.charged_s
     result: dict[str, Any] = {
         "status": state.status, "val_bpb": None, "val_loss": None, "val_tokens": 0, "val_bytes": 0,
+        "val_rows": 0, "val_population_rows": 0, "val_seq_len": None, "val_bpb_stderr": None,
         "train_seconds": train_seconds, "startup_seconds": clock.startup_s,
         "eval_seconds": state.eval_seconds,
         "steps": state.step, "tokens": state.tokens,
@@ -288,10 +302,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     }
     if state.status == "ok":
         t0 = time.perf_counter()
-        final_batches = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=run.final_eval_tokens,
-                                           rank=rt.rank, world_size=rt.world_size)
-        res = evaluate_bpb(model, final_batches, ds.token_bytes, rt.device, rt.autocast())
-        result.update(val_bpb=res.val_bpb, val_loss=res.val_loss, val_tokens=res.tokens, val_bytes=res.bytes)
+        result.update(final_val_bpb(model, ds, run.batch_size, T, run.final_eval_tokens, run.final_eval_rows,
+                                    run.eval_seq_len, rt.device, rt.autocast(), rt.rank, rt.world_size, same))
         state.eval_seconds += time.perf_counter() - t0
         result["eval_seconds"] = state.eval_seconds
         if out_dir is not None and run.save_checkpoint and rt.is_master:

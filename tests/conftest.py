@@ -87,3 +87,19 @@ def run_trainer():
         return TrainerRun(proc.returncode, parse_events(proc.stdout), proc.stderr)
 
     return run
+
+
+# The stand-in competition kit (tests/kit_standin) on the demo corpus, with TINY's vocabulary: MAX_SEQ_LEN is
+# the kit's 2048; EVAL_TOKENS is cut to KIT_EVAL_ROWS rows of it so that its evaluate_bpb takes a moment.
+KIT_EVAL_ROWS = 16
+
+
+@pytest.fixture(scope="session")
+def standin_kit(data_cache, tmp_path_factory) -> Path:
+    """A stand-in kit folder (prepare.py, data/, tokenizer/ trained by its own train_tokenizer)."""
+    from tests.kit_standin import build_kit
+
+    demo = Path(data_cache).parent / "data" / "demo"
+    return build_kit(tmp_path_factory.mktemp("kit") / "kit", demo, VOCAB_SIZE=TINY["vocab_size"],
+                     EVAL_TOKENS=KIT_EVAL_ROWS * 2048)
+

@@ -5,12 +5,15 @@
     tokenizer.py  the byte-level BPE: trained once per corpus, saved as one file
     shards.py     each text file tokenised once into a memory-mapped .tok shard
     packing.py    documents packed into BOS-aligned rows of T+1 tokens
-    loader.py     TokenDataset, the fixed-shape training batches and the validation rows
+    loader.py     TokenDataset, the fixed-shape training batches, the validation rows and the final
+                  evaluation's rows (scoring_set: the kit's rows, or a fixed sample of them)
+    rows.py       under loader and kit: evaluation batches from rows, the fixed sample, ScoringSet
     kit.py        beside the path: the competition kit's prepare.py behind the same Dataset interface
     files.py      under all of them: DataError, fingerprints, locked atomic builds of cached files
 
-The trainer needs only what this module exports: load_dataset, the Dataset it returns, BatchLoader and
-validation_batches (both serve either kind of Dataset) and DataError.
+The trainer needs only what this module exports: load_dataset, the Dataset it returns, BatchLoader,
+validation_batches and scoring_set (all three serve either kind of Dataset, check_scoring before
+training), ScoringSet and DataError.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from model.data.loader import (
     DEFAULT_SAMPLE_CHARS,
     BatchLoader,
     TokenDataset,
+    check_scoring,
     load_token_dataset,
+    scoring_set,
     validation_batches,
 )
+from model.data.rows import ScoringSet
 from model.data.tokenizer import Tokenizer
 
 __all__ = [
@@ -37,9 +43,12 @@ __all__ = [
     "DataError",
     "Dataset",
     "KitData",
+    "ScoringSet",
     "TokenDataset",
     "Tokenizer",
+    "check_scoring",
     "load_dataset",
+    "scoring_set",
     "validation_batches",
 ]
 

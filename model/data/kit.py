@@ -1,20 +1,35 @@
 """Adapter for the competition kit's `prepare.py`, so a sweep can measure exactly what the leaderboard does.
 
-The kit is not public; what it is known (and reported) to offer, and what this adapter uses:
+The kit is not public; its closest public relative is autoresearch's prepare.py (tests/kit_standin has a
+stand-in written to its interface and semantics). What this adapter uses, and assumes no more of:
 - a tokenizer: `get_tokenizer()` if defined, else `Tokenizer.from_directory()`; its methods
   get_vocab_size(), get_bos_token_id(), encode(str | list[str]) and decode(ids);
-- `make_dataloader(tokenizer, B, T, split, device)`, split "train" or "val", an endless iterator of
-  (x int32 (B, T), y int64 (B, T), state); a `device` parameter is passed "cpu" when it exists, and
-  `rank`/`world_size` when they exist (otherwise the kit splits ranks itself, through torch.distributed,
-  as the competition's torchrun launch expects);
+- `make_dataloader(tokenizer, B, T, split, ...)`, split "train" or "val": an endless iterator of
+  (x (B, T), y (B, T) int64, state), x int32 or int64, both possibly views of buffers the next batch
+  overwrites (the adapter copies what it keeps). Optional parameters are passed only when declared:
+  `device` ("cpu"), `rank` and `world_size`;
 - `get_token_bytes(device)`: int32 (vocab,) byte lengths, 0 for specials;
-- `evaluate_bpb(model, tokenizer, batch_size)`: the leaderboard's metric (the model is called as
-  model(x, y, reduction="none")).
+- `evaluate_bpb(model, tokenizer, batch_size)`: the leaderboard's metric, model(x, y, reduction="none")
+  on rows of MAX_SEQ_LEN tokens; `device` only if declared;
+- the constants MAX_SEQ_LEN and EVAL_TOKENS, when defined: the rows evaluate_bpb scores.
 load_kit(path) imports it (path: prepare.py or its folder; default: $TRNSWEEP_KIT_PREPARE) and returns a
-KitData with the members of model.data.Dataset that the trainer uses; BatchLoader and validation_batches
-of model.data accept a KitData and come here. Deviations forced by the kit: batches cannot be resumed
-except by replaying them (a position resumes by skipping position / (B*W) batches), the seed is the
-kit's own, and x, y are separate tensors rather than views of one row.
+KitData with the members of model.data.Dataset that the trainer uses; BatchLoader, validation_batches and
+scoring_set of model.data accept a KitData and come here.
+
+Ranks. autoresearch's loader takes no rank: under torchrun every rank would read the same batches. So the
+adapter asks whether the kit's first training batch differs between ranks (one collective, through the
+caller's `same_on_all_ranks`); if it does not, it reads the kit's stream W*B rows at a time and gives rank
+r rows [r*B, (r+1)*B) of each, so ranks are disjoint and together read exactly what one rank reads with
+batch W*B (as model.data.loader does). Without `same_on_all_ranks` it goes by the signature: a loader
+that declares `rank` or `world_size` splits, one that does not is split here.
+
+The final evaluation scores the rows the kit's evaluate_bpb scores, (EVAL_TOKENS // (B*T)) * B rows of
+T = MAX_SEQ_LEN from the start of the validation stream, read as the kit's loader gives them, or a fixed
+uniform sample of them (model.data.rows). A kit that does not say which rows it scores (no MAX_SEQ_LEN or
+EVAL_TOKENS), or whose validation stream is split across ranks out of the adapter's reach, is scored by
+its own evaluate_bpb (`evaluate`), on every rank. Other deviations forced by the kit: batches cannot be
+resumed except by replaying them (a position resumes by skipping position / (B*W) batches), the seed is
+the kit's own, and x, y are separate tensors rather than views of one row.
 """
 
 from __future__ import annotations
@@ -33,12 +48,12 @@ from typing import Any
 import torch
 
 from model.data.files import DataError, digest
+from model.data.rows import IGNORE_INDEX, ScoringSet, batch_rows, sample_indices
 from model.data.tokenizer import Tokenizer, special_tokens
 
-__all__ = ["ENV_VAR", "KitBatchLoader", "KitData", "KitTokenizer", "load_kit"]
+__all__ = ["ENV_VAR", "KitBatchLoader", "KitData", "KitTokenizer", "batch_digest", "load_kit"]
 
 ENV_VAR = "TRNSWEEP_KIT_PREPARE"
-IGNORE_INDEX = -1
 _PROBE = "The kit's tokenizer, fingerprinted: 0123456789 — ünïcödé ✓"
 
 
@@ -92,6 +107,31 @@ class KitTokenizer:
         return digest(str(self.vocab_size), str(self.bos_id), repr(self.encode(_PROBE)), size=8)
 
 
+SameOnAllRanks = Callable[[int], bool]  # a collective: is this integer the same on every rank?
+
+
+def _declares(fn: Callable[..., Any], *names: str) -> bool:
+    """Whether fn takes any of `names` as keywords (or takes **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) or any(n in params for n in names)
+
+
+def batch_digest(x: torch.Tensor, y: torch.Tensor) -> int:
+    """A 62-bit digest of a batch's tokens (fits an int64 collective)."""
+    h = hashlib.sha256()
+    for t in (x, y):
+        h.update(t.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    return int.from_bytes(h.digest()[:8], "little") >> 2
+
+
+def _int_constant(module: ModuleType, name: str) -> int | None:
+    value = getattr(module, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 @dataclass(eq=False)
 class KitData:
     """The kit's data behind the interface of model.data.Dataset (see the module doc)."""
@@ -103,6 +143,8 @@ class KitData:
     fingerprint: str
     device: str = "cpu"
     is_kit = True
+    # Who splits the kit's rows across ranks: "kit" (its loader gives each rank its own) or "adapter".
+    split: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -116,18 +158,34 @@ class KitData:
     def source(self) -> str:
         return f"kit:{self.path}"
 
+    @property
+    def eval_seq_len(self) -> int | None:
+        """The kit's MAX_SEQ_LEN: the row length of its evaluate_bpb (None when it does not say)."""
+        return _int_constant(self.module, "MAX_SEQ_LEN")
+
+    @property
+    def eval_tokens(self) -> int | None:
+        """The kit's EVAL_TOKENS: how many tokens its evaluate_bpb scores (None when it does not say)."""
+        return _int_constant(self.module, "EVAL_TOKENS")
+
     def describe(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "fingerprint": self.fingerprint,
             "tokenizer": self.tokenizer.fingerprint,
             "vocab_size": self.vocab_size,
+            "eval_seq_len": self.eval_seq_len,
+            "eval_tokens": self.eval_tokens,
         }
+
+    @property
+    def loader_takes_ranks(self) -> bool:
+        return _declares(self.module.make_dataloader, "rank", "world_size")
 
     def make_loader(
         self, batch_size: int, seq_len: int, split: str, rank: int = 0, world_size: int = 1
     ) -> Iterator:
-        """The kit's own make_dataloader(tokenizer, B, T, split, ...)."""
+        """The kit's own make_dataloader(tokenizer, B, T, split, ...), as it yields."""
         return _call(
             self.module.make_dataloader,
             self.tokenizer.kit,
@@ -139,11 +197,49 @@ class KitData:
             world_size=world_size,
         )
 
+    def split_mode(
+        self, batch_size: int, seq_len: int, rank: int, world_size: int,
+        same_on_all_ranks: SameOnAllRanks | None = None,
+    ) -> str:
+        """"kit" when the kit's loader gives each rank rows of its own, else "adapter" (decided once; see the
+        module doc). Every rank must call it at the same point when `same_on_all_ranks` is a collective."""
+        if world_size == 1:
+            return "adapter"  # one rank reads the whole stream either way
+        if self.split is None:
+            if same_on_all_ranks is None:
+                self.split = "kit" if self.loader_takes_ranks else "adapter"
+            else:
+                x, y, _ = next(self.make_loader(batch_size, seq_len, "train", rank, world_size))
+                self.split = "adapter" if same_on_all_ranks(batch_digest(x, y)) else "kit"
+        return self.split
+
+    def rows(self, split: str, seq_len: int, batch_size: int, wanted: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """Rows `wanted` (sorted indices) of the kit's whole `split` stream read B rows at a time: (xs, ys)
+        int64 (len(wanted), T), copies."""
+        it = self.make_loader(batch_size, seq_len, split)
+        xs = torch.empty((len(wanted), seq_len), dtype=torch.int64)
+        ys = torch.empty((len(wanted), seq_len), dtype=torch.int64)
+        k, first = 0, 0
+        while k < len(wanted):
+            x, y, _ = next(it)
+            while k < len(wanted) and wanted[k] < first + batch_size:
+                xs[k] = x[wanted[k] - first]
+                ys[k] = y[wanted[k] - first]
+                k += 1
+            first += batch_size
+        return xs, ys
+
     def validation_batches(
-        self, batch_size: int, seq_len: int, n_tokens: int, rank: int = 0, world_size: int = 1
+        self, batch_size: int, seq_len: int, n_tokens: int, rank: int = 0, world_size: int = 1,
+        same_on_all_ranks: SameOnAllRanks | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Same shapes and padding rule as model.data.validation_batches, rows from the kit's val loader."""
+        """Same shapes, rows and padding rule as model.data.validation_batches: the first max(1, n_tokens // T)
+        rows of the kit's validation stream, shared across ranks."""
         n_rows = max(1, n_tokens // seq_len)
+        if self.split_mode(batch_size, seq_len, rank, world_size, same_on_all_ranks) == "adapter":
+            xs, ys = self.rows("val", seq_len, batch_size, range(n_rows))
+            return batch_rows(xs, ys, batch_size, rank, world_size, self.bos_id)
+        # The kit's loader gives this rank its own rows: take this rank's share of them.
         step = world_size * batch_size
         it = self.make_loader(batch_size, seq_len, "val", rank, world_size)
         batches = []
@@ -153,18 +249,86 @@ class KitData:
             y = torch.full((batch_size, seq_len), IGNORE_INDEX, dtype=torch.int64)
             if valid:
                 kx, ky, _ = next(it)
-                x[:valid] = kx[:valid].to("cpu", torch.int64)
-                y[:valid] = ky[:valid].to("cpu", torch.int64)
+                x[:valid] = kx[:valid]
+                y[:valid] = ky[:valid]
             batches.append((x, y))
         return batches
+
+    def scoring_set(
+        self, batch_size: int, sample_rows: int = 0, rank: int = 0, world_size: int = 1,
+        same_on_all_ranks: SameOnAllRanks | None = None,
+    ) -> ScoringSet | None:
+        """The rows evaluate_bpb(model, tokenizer, batch_size) scores, or a fixed sample of `sample_rows` of them,
+        split across ranks; None when the kit does not say which rows those are (score with `evaluate`)."""
+        seq_len, tokens = self.eval_seq_len, self.eval_tokens
+        if seq_len is None or tokens is None:
+            return None
+        mode = self.split_mode(batch_size, seq_len, rank, world_size, same_on_all_ranks)
+        if mode == "kit" and not self.loader_takes_ranks:
+            return None  # this rank's validation stream is its share, not the stream evaluate_bpb reads
+        population = tokens // (batch_size * seq_len) * batch_size
+        if population == 0:
+            raise DataError(self.path, f"EVAL_TOKENS {tokens} is less than one batch of {batch_size} x {seq_len}")
+        wanted = sample_indices(population, sample_rows)
+        xs, ys = self.rows("val", seq_len, batch_size, wanted.tolist())
+        batches = batch_rows(xs, ys, batch_size, rank, world_size, self.bos_id)
+        return ScoringSet(batches, len(wanted), population, seq_len)
+
+    def evaluate(self, model: torch.nn.Module, batch_size: int, device: Any = None, autocast: Any = None
+                 ) -> tuple[float, dict[str, float]]:
+        """The kit's own evaluate_bpb(model, tokenizer, batch_size), with the model on `device` (inputs moved
+        there, losses moved back) under `autocast`; returns its figure and what the model saw: nats over
+        targets of positive byte length, those targets, their bytes and the rows."""
+        tally = _Tally(model, self.token_bytes, device, autocast)
+        was_training = model.training
+        model.eval()
+        try:
+            bpb = float(_call(self.module.evaluate_bpb, tally, self.tokenizer.kit, batch_size, device=self.device))
+        finally:
+            model.train(was_training)
+        return bpb, tally.totals
 
     def evaluate_bpb(self, model: Any, batch_size: int) -> Any:
         """The kit's fixed metric, evaluate_bpb(model, tokenizer, batch_size), returned as is."""
         return _call(self.module.evaluate_bpb, model, self.tokenizer.kit, batch_size, device=self.device)
 
 
+class _Tally(torch.nn.Module):
+    """The model as the kit's evaluate_bpb calls it, counting what it scores (as model.evaluate does)."""
+
+    def __init__(self, model: torch.nn.Module, token_bytes: torch.Tensor, device: Any, autocast: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.token_bytes = token_bytes.to("cpu", torch.int64)
+        self.device = device
+        self.autocast = autocast
+        self.totals = {"nats": 0.0, "tokens": 0, "bytes": 0, "rows": 0}
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        device = self.device if self.device is not None else y.device
+        xd, yd = x.to(device, torch.int64), y.to(device, torch.int64)
+        if self.autocast is None:
+            loss = self.model(xd, yd, reduction=reduction)
+        else:
+            with self.autocast:
+                loss = self.model(xd, yd, reduction=reduction)
+        if reduction == "none":
+            yc = y.to("cpu", torch.int64).reshape(-1)
+            nbytes = torch.where(yc >= 0, self.token_bytes[yc.clamp(min=0)], 0)
+            counted = nbytes > 0
+            self.totals["nats"] += float((loss.detach().double().cpu().reshape(-1) * counted).sum())
+            self.totals["tokens"] += int(counted.sum())
+            self.totals["bytes"] += int(nbytes.sum())
+            self.totals["rows"] += int(y.shape[0])
+        return loss.float().to(y.device)
+
+
 class KitBatchLoader:
-    """The kit's training loader behind BatchLoader's interface: next() -> (x, y) int64 CPU (B, T)."""
+    """The kit's training loader behind BatchLoader's interface: next() -> (x, y) int64 CPU (B, T), copies.
+
+    Ranks are split as the module doc says: by the kit when its loader does, else here (rank r takes rows
+    [r*B, (r+1)*B) of each batch of W*B rows).
+    """
 
     def __init__(
         self,
@@ -175,6 +339,8 @@ class KitBatchLoader:
         world_size: int = 1,
         position: int = 0,
         seed: int = 0,
+        *,
+        same_on_all_ranks: SameOnAllRanks | None = None,
         **_ignored: Any,
     ) -> None:
         step = batch_size * world_size
@@ -189,7 +355,13 @@ class KitBatchLoader:
         self.world_size = world_size
         self.seed = seed  # the kit's loader has no seed of ours; kept for the record
         self.state: Any = None
-        self._it = kit.make_loader(batch_size, seq_len, "train", rank, world_size)
+        self.split = kit.split_mode(batch_size, seq_len, rank, world_size, same_on_all_ranks)
+        if self.split == "adapter":
+            self._it = kit.make_loader(step, seq_len, "train")
+            self._rows = slice(rank * batch_size, (rank + 1) * batch_size)
+        else:
+            self._it = kit.make_loader(batch_size, seq_len, "train", rank, world_size)
+            self._rows = slice(0, batch_size)
         for _ in range(position // step):
             next(self._it)
         self.position = position
@@ -200,7 +372,9 @@ class KitBatchLoader:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y, self.state = next(self._it)
         self.position += self.batch_size * self.world_size
-        return x.to("cpu", torch.int64), y.to("cpu", torch.int64)
+        # Copies: the kit may hand out views of buffers that its next batch overwrites.
+        return (x[self._rows].to("cpu", torch.int64, copy=True),
+                y[self._rows].to("cpu", torch.int64, copy=True))
 
 
 _MODULES: dict[str, ModuleType] = {}

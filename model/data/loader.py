@@ -4,9 +4,10 @@
     loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=r, world_size=W, position=p, seed=0)
     x, y = next(loader)          # int64 (B, T) each, y = x shifted by one
     val = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=N, rank=r, world_size=W)
+    final = scoring_set(ds, batch_size=B, seq_len=T, n_tokens=N, sample_rows=n, eval_seq_len=E, rank=r, ...)
 
 The trainer calls these through model.data (load_dataset there also opens the competition kit, whose
-KitData BatchLoader and validation_batches hand to model.data.kit). Sources and their formats:
+KitData BatchLoader, validation_batches and scoring_set hand to model.data.kit). Sources and their formats:
 model.data.source; tokenizer files: model.data.tokenizer; token shards: model.data.shards; packing:
 model.data.packing; the demo corpus: model.data.demo_text.
 
@@ -41,6 +42,7 @@ from model.data.demo_text import build_demo_corpus
 from model.data.files import DataError, build_once, digest, file_fingerprint
 from model.data.kit import KitBatchLoader, KitData
 from model.data.packing import CROP_MODES, DocPacker, DocTable
+from model.data.rows import IGNORE_INDEX, ScoringSet, batch_rows, sample_indices
 from model.data.shards import TokenShard, pretokenize
 from model.data.source import SourceFiles, resolve_source, sample_texts
 from model.data.tokenizer import Tokenizer
@@ -50,7 +52,9 @@ __all__ = [
     "IGNORE_INDEX",
     "BatchLoader",
     "TokenDataset",
+    "check_scoring",
     "load_token_dataset",
+    "scoring_set",
     "validation_batches",
     "validation_rows",
 ]
@@ -58,7 +62,6 @@ __all__ = [
 DEFAULT_CACHE = "runs/cache"
 DEFAULT_SAMPLE_CHARS = 200_000_000  # tokenizer training sample: ample for 8192 tokens on web text
 TOKENIZER_TRAIN_VERSION = 1
-IGNORE_INDEX = -1
 
 
 @dataclass(eq=False)
@@ -225,6 +228,7 @@ class BatchLoader:
         *,
         buffer_docs: int = 1000,
         crop: str = "drop",
+        same_on_all_ranks: Any = None,  # the kit's loader needs it (model.data.kit); rows here split by construction
     ) -> None:
         _check_geometry(batch_size, seq_len, rank, world_size)
         if position < 0 or seed < 0:
@@ -294,6 +298,7 @@ def validation_batches(
     *,
     buffer_docs: int = 1000,
     crop: str = "drop",
+    same_on_all_ranks: Any = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The validation set as a list of (x, y), int64 tensors of exactly (B, T) each.
 
@@ -302,21 +307,56 @@ def validation_batches(
     [k*W*B + r*B, k*W*B + (r+1)*B); every rank gets the same number of batches, ceil(rows / (W*B)), and
     rows past the end are padding: x = BOS, y = -1 (IGNORE_INDEX, use it as the loss's ignore_index and
     mask y >= 0 before indexing token_bytes). x and y are separate contiguous tensors here.
+    `same_on_all_ranks` serves the kit (model.data.kit's module doc).
     """
     if getattr(ds, "is_kit", False):
-        return ds.validation_batches(batch_size, seq_len, n_tokens, rank, world_size)
+        return ds.validation_batches(batch_size, seq_len, n_tokens, rank, world_size, same_on_all_ranks)
     _check_geometry(batch_size, seq_len, rank, world_size)
     rows = validation_rows(ds, seq_len, n_tokens, buffer_docs=buffer_docs, crop=crop)
-    n_rows = rows.shape[0]
-    step = world_size * batch_size
-    batches = []
-    for start in range(0, n_rows, step):
-        lo = min(start + rank * batch_size, n_rows)
-        hi = min(lo + batch_size, n_rows) if lo < n_rows else lo
-        x = np.full((batch_size, seq_len), ds.bos_id, dtype=np.int64)
-        y = np.full((batch_size, seq_len), IGNORE_INDEX, dtype=np.int64)
-        x[: hi - lo] = rows[lo:hi, :-1]
-        y[: hi - lo] = rows[lo:hi, 1:]
-        batches.append((torch.from_numpy(x), torch.from_numpy(y)))
-    return batches
+    return batch_rows(rows[:, :-1], rows[:, 1:], batch_size, rank, world_size, ds.bos_id)
 
+
+def check_scoring(ds: TokenDataset | KitData, eval_seq_len: int) -> None:
+    """Raise DataError (ValueError for a negative length) when scoring_set could not score at eval_seq_len:
+    on the kit's data it must be 0 or the kit's MAX_SEQ_LEN."""
+    if eval_seq_len < 0:
+        raise ValueError(f"eval_seq_len must not be negative, not {eval_seq_len}")
+    kit_len = getattr(ds, "eval_seq_len", None) if getattr(ds, "is_kit", False) else None
+    if eval_seq_len and kit_len is not None and eval_seq_len != kit_len:
+        raise DataError(ds.path, f"the kit evaluates at its MAX_SEQ_LEN {kit_len}, not at the eval_seq_len "
+                                 f"{eval_seq_len} asked")
+
+
+def scoring_set(
+    ds: TokenDataset | KitData,
+    batch_size: int,
+    seq_len: int,
+    n_tokens: int,
+    sample_rows: int = 0,
+    eval_seq_len: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    same_on_all_ranks: Any = None,
+) -> ScoringSet | None:
+    """The final evaluation's rows, split across ranks: the scorer's rows, or a fixed sample of them.
+
+    On the kit's data: the rows its evaluate_bpb scores (its MAX_SEQ_LEN and EVAL_TOKENS decide; seq_len,
+    n_tokens and eval_seq_len, which must be 0 or MAX_SEQ_LEN, do not), None when the kit does not say
+    which (then score with KitData.evaluate). Else the first n_tokens // T rows of the validation stream at
+    T = eval_seq_len or seq_len, as the kit's evaluate_bpb takes the first rows of its own. sample_rows > 0
+    scores a uniform random sample of that many of them instead (model.data.rows: the same rows in every
+    run; BpbResult.stderr gives the standard error).
+    """
+    if sample_rows < 0:
+        raise ValueError(f"sample_rows must not be negative, not {sample_rows}")
+    check_scoring(ds, eval_seq_len)
+    if getattr(ds, "is_kit", False):
+        return ds.scoring_set(batch_size, sample_rows, rank, world_size, same_on_all_ranks)
+    length = eval_seq_len or seq_len
+    _check_geometry(batch_size, length, rank, world_size)
+    rows = validation_rows(ds, length, n_tokens)
+    population = rows.shape[0]
+    rows = rows[sample_indices(population, sample_rows)]
+    batches = batch_rows(rows[:, :-1], rows[:, 1:], batch_size, rank, world_size, ds.bos_id)
+    return ScoringSet(batches, rows.shape[0], population, length)

@@ -61,7 +61,9 @@ NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", 
                     "budget_s", "startup_allowance_s", "excluded_steps", "max_steps", "max_loss", "log_every",
                     "save_checkpoint", "num_threads",
                     # CORE runs after training on the final weights; the global batch only sets grad_accum.
-                    "core_bundle", "core_max_seconds", "core_max_examples", "core_buckets", "total_batch_tokens")
+                    "core_bundle", "core_max_seconds", "core_max_examples", "core_buckets", "total_batch_tokens",
+                    # The final evaluation runs the eager model after the deadline, at whatever length it asks.
+                    "eval_seq_len", "final_eval_rows")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)
 WIDTH_KEYS = ("depth", "aspect_ratio", "model_dim", "head_dim", "n_kv_head", "mlp_ratio")  # what the widths come from
 

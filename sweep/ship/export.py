@@ -23,9 +23,9 @@ files that ruff and a reader see; :func:`fill` puts the trial's values into thei
 
 The default trial is the study's best complete one (a composite study's: its highest score); a pareto
 study has no single best, so ``--trial N`` picks one of its front (the error lists them). Exit codes: 2
-for bad input (unknown study or trial, a trial without a result record, a launch shape the competition
-cannot run, a pareto study without ``--trial``), 1 when the file would exceed the upload limit or
-anything else fails.
+for bad input (unknown study or trial, a trial without a result record, a configuration the bundled trainer
+refuses, a launch shape the competition cannot run, a pareto study without ``--trial``), 1 when the file
+would exceed the upload limit or anything else fails.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import re
 from pathlib import Path
 from typing import Any, TextIO
 
-from model.config import RunConfig
+from model.config import ConfigError, RunConfig, parse_config
 from sweep import neuron
 from sweep.ship import bundle
 from sweep.spec import objective as obj
@@ -67,6 +67,7 @@ SUBMISSION: dict[str, tuple[Any, str]] = {
     "eval_at_start": (False, "no evaluation before training"),
     "save_checkpoint": (True, "out/final.pt is what the evaluation reads"),
     "core_bundle": ("", "the competition scores CORE itself, after training, through inference.py"),
+    "eval_seq_len": (0, "the final val_bpb at the kit's MAX_SEQ_LEN, as its evaluate_bpb scores"),
 }
 
 
@@ -208,6 +209,10 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
     ranks, lnc, flags = launch_shape(spec, t)
     trained_config = record_config(t) or {}
     config = submission_config(trained_config, budget_s)
+    try:  # what train.py would refuse at start-up, refused here (the model itself evaluates at any length)
+        parse_config(config)
+    except ConfigError as e:
+        raise ExportError(f"trial {t.number}: train.py would refuse its configuration: {e}") from None
     launch_env = {neuron.CC_FLAGS_VAR: flags} if flags else {}
     version = code_version(root)
     trained_version = {k: t.user_attrs[k] for k in ("git_commit", "git_dirty") if k in t.user_attrs}

@@ -35,6 +35,37 @@ def test_zero_head_gives_uniform_loss_and_bpb_identity():
     assert res.val_bpb == pytest.approx(res.val_loss * res.tokens / (math.log(2) * res.bytes), rel=1e-9)
 
 
+def test_bpb_rows_and_standard_error_of_a_sample():
+    # Hand-made rows: row i's targets have losses losses[i] (nats) and bytes of 1 each; row 3 is padding.
+    losses = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.5], [2.0, 0.0, 2.0, 0.0], [9.0, 9.0, 9.0, 9.0]])
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x, y, reduction="mean"):
+            return losses.reshape(-1)
+
+    y = torch.ones(4, 4, dtype=torch.long)
+    y[3] = -1
+    res = evaluate_bpb(Fixed(), [(torch.zeros(4, 4, dtype=torch.long), y)], torch.ones(5, dtype=torch.int32),
+                       torch.device("cpu"))
+    assert (res.rows, res.tokens, res.bytes, res.nats) == (3, 12, 12, 16.0)
+    # Worked by hand: rows' nats 10, 2, 4 over 4 bytes each; r = 16/12; residuals 10 - 16/3, 2 - 16/3,
+    # 4 - 16/3 = 14/3, -10/3, -4/3; s² = (196 + 100 + 16) / 9 / 2 = 52/3; out of 10 rows:
+    # se = sqrt((1 - 3/10) * 52/3 / 3) / 4 / ln 2.
+    assert res.stderr(10) == pytest.approx(math.sqrt(0.7 * 52 / 9) / 4 / math.log(2), rel=1e-12)
+    assert res.stderr(3) == 0.0  # every row scored: exact
+
+
+def test_a_model_evaluates_past_its_training_length_as_a_longer_one_does():
+    torch.manual_seed(0)
+    short = GPT(tiny(seq_len=16, head_init_std=0.02))
+    longer = GPT(tiny(seq_len=64))
+    longer.load_state_dict(short.state_dict())
+    x = torch.randint(0, 300, (2, 64))
+    assert torch.equal(short(x), longer(x))  # the tables grow to 64 with the values a 64-table has
+    assert short.cos.size(1) == 64 and torch.equal(short.cos, longer.cos)
+    assert torch.equal(short(x[:, :16]), longer(x[:, :16]))
+
+
 def test_baseline_parameter_count_matches_competition_formula():
     # depth 10, width 640, vocab 8192: 2*8192*640 + 10*12*640^2 (docs/competition.md)
     with torch.device("meta"):

@@ -15,7 +15,8 @@ from model.train import ChargedClock, load_for_eval
 from tests.conftest import ROOT, parse_events, subprocess_env, trainer_command
 
 RECORD_FIELDS = {
-    "status", "val_bpb", "val_loss", "val_tokens", "val_bytes", "train_seconds", "startup_seconds",
+    "status", "val_bpb", "val_loss", "val_tokens", "val_bytes", "val_rows", "val_population_rows", "val_seq_len",
+    "val_bpb_stderr", "train_seconds", "startup_seconds",
     "eval_seconds", "steps", "tokens", "tokens_per_second", "params", "device", "world_size",
     "peak_memory_bytes", "config",
 }
@@ -143,6 +144,36 @@ def test_two_ranks_on_the_charged_clock_agree_on_evals_and_the_stop(run_trainer,
     assert run.result["status"] == "ok" and run.result["world_size"] == 2
     assert len(run.of("eval")) == 3
     assert run.result["train_seconds"] <= 6 * 1.01
+
+
+@pytest.mark.slow
+def test_on_the_kit_the_final_val_bpb_is_the_kits_evaluate_bpb(run_trainer, tiny_config, standin_kit, tmp_path):
+    # Trained at seq_len 64, scored at the stand-in kit's MAX_SEQ_LEN 2048 on the rows its evaluate_bpb scores.
+    from tests.conftest import KIT_EVAL_ROWS
+    from tests.kit_standin import import_prepare
+
+    config = {**tiny_config, "data": f"kit:{standin_kit}", "max_steps": 12, "eval_fractions": [0.5]}
+    run = run_trainer(config, budget_s=100, out_dir=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result["status"] == "ok" and result["config"]["seq_len"] == 64
+    assert (result["val_seq_len"], result["val_rows"], result["val_population_rows"]) == (2048, KIT_EVAL_ROWS,
+                                                                                         KIT_EVAL_ROWS)
+    assert result["val_bpb_stderr"] == 0.0
+    kit = import_prepare(standin_kit / "prepare.py")
+    theirs = kit.evaluate_bpb(load_for_eval(tmp_path / "final.pt", "cpu"), kit.Tokenizer.from_directory(),
+                              tiny_config["batch_size"])
+    assert result["val_bpb"] == pytest.approx(theirs, rel=1e-6), (result["val_bpb"], theirs)
+    print(f"trainer val_bpb {result['val_bpb']!r}, the stand-in kit's evaluate_bpb {theirs!r}")
+
+
+@pytest.mark.slow
+def test_a_sampled_final_evaluation_reports_its_standard_error(run_trainer, tiny_config):
+    config = {**tiny_config, "max_steps": 6, "eval_fractions": [1.0], "eval_seq_len": 128, "final_eval_rows": 20}
+    result = run_trainer(config, budget_s=100).result
+    assert result["status"] == "ok" and result["val_seq_len"] == 128
+    assert result["val_rows"] == 20 and result["val_population_rows"] == tiny_config["final_eval_tokens"] // 128
+    assert 0 < result["val_bpb_stderr"] < 0.2 * result["val_bpb"]
 
 
 @pytest.mark.parametrize("config, message", [

@@ -58,7 +58,8 @@ def isolated_env(**extra: str) -> dict[str, str]:
 @pytest.fixture
 def study(tmp_path, tiny_config, monkeypatch):
     """A study with a complete trial whose record holds the trainer's own resolved config, a failed trial
-    without a record, and a complete trial that ran on 2 ranks; SWEEP_STORAGE points at it."""
+    without a record, a complete trial that ran on 2 ranks and one whose config the trainer now refuses;
+    SWEEP_STORAGE points at it."""
     import optuna
     from optuna.trial import TrialState
 
@@ -81,6 +82,8 @@ def study(tmp_path, tiny_config, monkeypatch):
                                           user_attrs={"fail_reason": "crash: exit code 3"}))
     s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=2.9,
                                           user_attrs={**attrs, "launch_ranks": 2}))
+    s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.1,
+                                          user_attrs={**attrs, "config": {**config, "final_eval_rows": -1}}))
     return spec_path
 
 
@@ -181,10 +184,56 @@ def test_train_py_trains_on_the_kit_beside_it_and_refuses_to_run_without_one(stu
     assert proc.returncode == 2 and "TRAIN_OVERRIDES must be a JSON object" in proc.stderr
 
 
+SCORE = ISOLATED + """
+spec = importlib.util.spec_from_file_location("submission", sys.argv[1])
+sub = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sub)
+kit_spec = importlib.util.spec_from_file_location("kit_prepare", sys.argv[3])
+kit = importlib.util.module_from_spec(kit_spec)
+kit_spec.loader.exec_module(kit)
+model = sub.load_for_eval(sys.argv[2], "cpu")
+bpb = kit.evaluate_bpb(model, kit.Tokenizer.from_directory(), int(sys.argv[4]))
+print(__import__("json").dumps({"val_bpb": bpb, "max_seq_len": kit.MAX_SEQ_LEN, "seq_len": model.config.seq_len}))
+"""
+
+
+@pytest.mark.slow
+def test_an_export_trained_short_is_scored_by_the_kit_at_its_own_length(study, tmp_path, standin_kit):
+    # The stand-in kit (autoresearch's prepare.py semantics): its loader takes no rank and its evaluate_bpb
+    # runs at MAX_SEQ_LEN 2048, whatever the model trained at (here 32).
+    out = tmp_path / "sub"
+    assert export(study, out) == 0
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["config"]["eval_seq_len"] == 0  # the kit's length, whatever the trial evaluated at
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.py").write_bytes((out / "train.py").read_bytes())
+    prepare = standin_kit / "prepare.py"
+    overrides = {"device": "cpu", "budget_s": 2, "num_threads": 1, "vocab_size": 512}  # the stand-in's vocabulary
+    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
+                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides),
+                                                        TRNSWEEP_KIT_PREPARE=str(prepare)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["config"]["data"] == f"kit:{prepare}"
+    assert result["config"]["seq_len"] == 32 and result["val_seq_len"] == 2048 and result["val_bpb_stderr"] == 0
+
+    # Scored as the competition scores it: the kit's evaluate_bpb on the model load_for_eval returns.
+    batch = result["config"]["batch_size"]
+    proc = subprocess.run([sys.executable, "-c", SCORE, str(run_dir / "train.py"), str(run_dir / "out" / "final.pt"),
+                           str(prepare), str(batch)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env=isolated_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scored = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (scored["max_seq_len"], scored["seq_len"]) == (2048, 32)
+    assert scored["val_bpb"] == pytest.approx(result["val_bpb"], rel=1e-6)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--trial", "7"], "--trial 7: study 'exp' has no trial 7"),
     (["--trial", "1"], "trial 1 of study 'exp' has no result record to export (state FAIL; crash: exit code 3)"),
     (["--trial", "2"], "trial 2 ran with 2 rank(s) at LNC 2; the competition launches 1, 4 or 8 ranks"),
+    (["--trial", "3"], "trial 3: train.py would refuse its configuration: final_eval_rows must not be negative"),
 ])
 def test_bad_trials_exit_2_with_one_line_and_write_nothing(study, tmp_path, capsys, args, message):
     out = tmp_path / "sub"
