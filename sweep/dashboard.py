@@ -10,6 +10,21 @@ serve it with wsgiref ourselves rather than through ``run_server`` because:
 - everything the process writes (access log, tracebacks from the app) passes through the storage
   URL's password scrubber, so a password in ``SWEEP_STORAGE`` never reaches a terminal or a log.
 
+What a person sees first is the sweep's own: each trial's note holds its headline figures and the study's
+note and figure its best trials (:mod:`sweep.run.notes` writes them as trials end; ``sweep dashboard
+NAME`` rewrites the study's on start, for studies made before). Three things of optuna-dashboard 0.21's
+page itself are mended in serving (:class:`Mended`):
+
+- ``/dashboard/studies/N/trialTable`` renders an empty page: 0.21 dropped the Trials (Table) page (its
+  table is now on Smart Selection) but kept the route, so old links and habits land on nothing. We
+  redirect it to ``/dashboard/studies/N/smartSelection``, whose table has a row per trial.
+- the trial table's rows are a screen tall each: a cell wraps its value, and a trial's ``config`` (a
+  dict) and ``record_fields`` (a list) are hundreds of characters. The page we serve adds one style
+  rule: a table cell is one line, a long value ends in an ellipsis (the trial's page shows it whole).
+- its "Intermediate values" chart names its axes "Step" and "Objective Value", fixed in the bundle;
+  here a step is a charged second and the value val_bpb (as reported for pruning), so the served
+  bundle says so. An optuna-dashboard whose bundle lacks the exact text is served untouched.
+
 It binds 127.0.0.1 by default: the dashboard has no authentication and can delete studies. From
 another machine use an SSH tunnel (``ssh -L 8080:127.0.0.1:8080 HEAD``); ``--host 0.0.0.0`` only on
 a network you trust.
@@ -18,21 +33,34 @@ a network you trust.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import hashlib
 import io
+import re
 import signal
 import socket
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any, TextIO
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from sweep import store as st
+from sweep.run import notes
 from sweep.store import artifacts
 
 METRIC_NAMES = ["val_bpb"]
+TRIAL_TABLE = re.compile(r"/dashboard/studies/(\d+)/trialTable/?")
+# The "Intermediate values" chart's axis titles in optuna-dashboard 0.21.0's bundle, and ours.
+AXES_0_21 = 'yaxis:{title:"Objective Value",type:i?"log":"linear"},xaxis:{title:"Step",type:"linear"}'
+AXES_OURS = AXES_0_21.replace('"Objective Value"', '"val_bpb (as reported for pruning)"').replace(
+    '"Step"', '"charged seconds"')
+# One line per table cell: long values (a trial's config, its record's field list) end in an ellipsis.
+CELL_STYLE = ("<style>/* trnsweep */ td.MuiTableCell-body { max-width: 22em; white-space: nowrap; overflow: hidden;"
+              " text-overflow: ellipsis; }</style>")
 
 
 class ListenError(Exception):
@@ -70,13 +98,101 @@ class _Scrubbed(io.TextIOBase):
 
 
 def app(storage_url: str, artifacts_url: str) -> Any:
-    """optuna-dashboard's WSGI app on the sweep's storage and artifact store."""
+    """optuna-dashboard's WSGI app on the sweep's storage and artifact store, mended (:class:`Mended`)."""
     import optuna
     from optuna_dashboard import wsgi
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = st.open_storage(storage_url, role="driver")
-    return wsgi(storage, artifact_store=artifacts.open_store(artifacts_url))
+    return Mended(wsgi(storage, artifact_store=artifacts.open_store(artifacts_url)))
+
+
+StartResponse = Callable[..., Any]
+
+
+class Mended:
+    """optuna-dashboard's WSGI app with the mends of the module docstring; every other request passes."""
+
+    def __init__(self, inner: Any, bundle: Path | None = None) -> None:
+        self.inner = inner
+        self.bundle_path = bundle or _bundle_path()
+        self._bundle: tuple[bytes, bytes, str] | None = None  # (plain, gzipped, etag) once patched
+        self._lock = threading.Lock()
+        self.patched: bool | None = None  # None: not read yet; False: the bundle lacks the text, served as is
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            m = TRIAL_TABLE.fullmatch(path)
+            if m:
+                query = environ.get("QUERY_STRING")
+                where = f"/dashboard/studies/{m.group(1)}/smartSelection" + (f"?{query}" if query else "")
+                start_response("302 Found", [("Location", where), ("Content-Length", "0")])
+                return [b""]
+            if path == "/static/bundle.js":
+                served = self._serve_bundle(environ, start_response)
+                if served is not None:
+                    return served
+            if path == "/dashboard" or path.startswith("/dashboard/"):
+                return self._serve_page(environ, start_response)
+        return self.inner(environ, start_response)
+
+    def _serve_page(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        """The app's page (every /dashboard address serves the same index.html) with :data:`CELL_STYLE`."""
+        env = {k: v for k, v in environ.items() if k not in ("HTTP_IF_MODIFIED_SINCE", "HTTP_IF_NONE_MATCH")}
+        got: list[Any] = []
+        result = self.inner(env, lambda status, headers, *exc: got.extend([status, headers]))
+        try:
+            body = b"".join(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        status, headers = got
+        if status.startswith("200") and b"</head>" in body:
+            body = body.replace(b"</head>", CELL_STYLE.encode() + b"</head>", 1)
+            headers = [(k, v) for k, v in headers if k.lower() not in ("content-length", "last-modified", "etag")]
+            headers += [("Content-Length", str(len(body))), ("Cache-Control", "no-cache")]
+        start_response(status, headers)
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+
+    def patched_bundle(self) -> tuple[bytes, bytes, str] | None:
+        """The bundle with our axis titles (plain, gzipped, etag); None when it lacks the 0.21.0 text."""
+        with self._lock:
+            if self.patched is None:
+                text = self.bundle_path.read_bytes()
+                old, new = AXES_0_21.encode(), AXES_OURS.encode()
+                self.patched = text.count(old) == 1
+                if self.patched:
+                    plain = text.replace(old, new)
+                    etag = '"sweep-' + hashlib.sha256(plain).hexdigest()[:16] + '"'
+                    self._bundle = (plain, gzip.compress(plain, compresslevel=6, mtime=0), etag)
+            return self._bundle
+
+    def _serve_bundle(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes] | None:
+        try:
+            bundle = self.patched_bundle()
+        except OSError:
+            return None
+        if bundle is None:
+            return None
+        plain, zipped, etag = bundle
+        if environ.get("HTTP_IF_NONE_MATCH") == etag:
+            start_response("304 Not Modified", [("ETag", etag)])
+            return [b""]
+        use_gzip = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        body = zipped if use_gzip else plain
+        headers = [("Content-Type", "application/javascript"), ("Content-Length", str(len(body))),
+                   ("ETag", etag), ("Cache-Control", "no-cache"), ("Vary", "Accept-Encoding")]
+        if use_gzip:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+
+
+def _bundle_path() -> Path:
+    import optuna_dashboard
+
+    return Path(optuna_dashboard.__file__).parent / "public" / "bundle.js"
 
 
 def make_server(wsgi_app: Any, host: str = "127.0.0.1", port: int = 8080, quiet: bool = False) -> _Server:
@@ -92,7 +208,10 @@ def make_server(wsgi_app: Any, host: str = "127.0.0.1", port: int = 8080, quiet:
 def study_path(storage_url: str, name: str) -> str | None:
     """The dashboard page of study ``name``, or None when the store has no such study yet.
 
-    Also names the objective ``val_bpb`` on a study made before the sweep did so itself.
+    Also names the objective ``val_bpb`` on a study made before the sweep did so itself, and rewrites the
+    study's summary (note and figures, :mod:`sweep.run.notes`): a study made before the sweep wrote one
+    gets it, and one left stale (two drivers on one study) is brought up to date. A failure there is a
+    warning, no more.
     """
     import optuna
 
@@ -106,6 +225,7 @@ def study_path(storage_url: str, name: str) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)
+    notes.guarded(f"study {name}: summary", lambda: notes.write_study_summary(study, url=storage_url), storage_url)
     return f"/dashboard/studies/{study_id}"
 
 

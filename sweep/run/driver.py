@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sweep import store as st
-from sweep.run import liveness, printing
+from sweep.run import liveness, notes, printing
 from sweep.run.outcome import (
     ATTR_ADHOC,
     ATTR_ADHOC_BUDGET,
@@ -358,10 +358,23 @@ class Driver:
         if not result["told"]:
             self._tell_from_outcome(slot, result)
         self.say(printing.outcome_line(slot.number, result, self.spec.objective))
+        if result["state"] == "COMPLETE":
+            self.summarise(slot.number, slot.trial_id)
         if result["fail_kind"] == "config":
             raise SweepAborted(f"trial {slot.number}: {result['reason']}")
         if result["state"] == "FAIL" and result["fail_kind"] in RETRYABLE:
             self._retry_if_needed(slot.number)
+
+    def summarise(self, number: int, trial_id: int) -> None:
+        """Rewrite the study's summary in the dashboard (:mod:`sweep.run.notes`) if the trial belongs in it.
+        The driver writes it, one writer per study: supervisors ending together would race, and a worker's
+        view of other trials lags (:mod:`sweep.store.caches`). A failure costs the summary only."""
+        def write() -> None:
+            current = st.retry(lambda: st.study_storage(self.study).get_trial(trial_id), url=self.url)
+            if notes.in_summary(self.study, current):
+                notes.write_study_summary(self.study, current, self.url)
+
+        notes.guarded(f"trial {number}: study summary", write, self.url)
 
     def _tell_from_outcome(self, slot: InFlight, result: dict[str, Any]) -> None:
         """The supervisor could not store its outcome (database outage); store it from here."""

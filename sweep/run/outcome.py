@@ -40,6 +40,7 @@ ATTR_FIRST_STEP_UNIX = "first_step_unix"  # unix time of the trainer's first ste
 ATTR_ARTIFACTS = ATTR_WORKDIR  # "artifacts": the trial's working directory on its node (artifacts.py reads it)
 ATTR_ARTIFACTS_ERROR = "artifacts_error"  # why the working files are not where the spec said (full disk)
 ATTR_ARTIFACT_ERROR = "artifact_error"  # why the upload to the artifact store failed
+ATTR_NOTE_ERROR = "note_error"  # why the trial's dashboard note could not be written (sweep.run.notes)
 
 # -- user attributes: what the trial is --------------------------------------------------------------
 ATTR_SPEC_HASH = "spec_hash"  # the spec file the trial ran under
@@ -49,6 +50,11 @@ ATTR_ADHOC = "adhoc"  # a `sweep trial`: takes a slot, never counts
 ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
 ATTR_ADHOC_SAMPLED = "adhoc_sampled"  # the parameters `sweep trial` drew because --params lacked them
 ATTR_ADHOC_PRUNABLE = "adhoc_prunable"  # `sweep trial --prunable`: the study's pruner may stop it
+
+# Written first, so the dashboard lists them first (a trial's attribute box shows about six lines, and
+# the trial table's columns follow the order attributes were first written in the study).
+HEADLINE_ATTRS = ("status", ATTR_FAIL_KIND, ATTR_FAIL_REASON, "val_bpb", "core", "tokens_per_second", "steps", "mfu",
+                  "train_seconds", "git_commit", "git_dirty")
 
 RETRYABLE = frozenset({"crash", "lost"})  # fail kinds retried once with the same parameters
 CONSTRAINT = "constraint"  # the fail kind of a point the space's constraints rejected (never ran)
@@ -117,8 +123,9 @@ def enqueue_retry(study: Any, t: Any, url: str) -> None:
 # -- writing ------------------------------------------------------------------------------------------
 
 def outcome_attrs(out: Outcome, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An outcome's user attributes in the order they are written: the result record, its field list,
-    ``extra`` (the supervisor's bookkeeping), then the fail kind and, unless it completed, the reason."""
+    """An outcome's user attributes in the order they are written: the headline ones that are set
+    (:data:`HEADLINE_ATTRS`), then the rest of the result record, its field list, ``extra`` (the
+    supervisor's bookkeeping), the fail kind and, unless it completed, the reason."""
     attrs: dict[str, Any] = dict(out.record or {})
     attrs[ATTR_RECORD_FIELDS] = sorted(out.record or {})
     attrs.update(extra or {})
@@ -126,7 +133,7 @@ def outcome_attrs(out: Outcome, extra: dict[str, Any] | None = None) -> dict[str
         attrs[ATTR_FAIL_KIND] = out.fail_kind
     if out.reason and out.state != "COMPLETE":
         attrs[ATTR_FAIL_REASON] = out.reason
-    return attrs
+    return {**{k: attrs[k] for k in HEADLINE_ATTRS if attrs.get(k) is not None}, **attrs}
 
 
 def write_attrs(storage: Any, trial_id: int, attrs: dict[str, Any], url: str) -> None:

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from sweep import store as st
-from sweep.run import liveness
+from sweep.run import liveness, notes
 from sweep.run.outcome import (
     ATTR_ARTIFACT_ERROR,
     ATTR_ARTIFACTS,
     ATTR_ARTIFACTS_ERROR,
     ATTR_FIRST_STEP_UNIX,
     ATTR_LAUNCH_UNIX,
+    ATTR_NOTE_ERROR,
     ATTR_SLOT_SECONDS,
     ATTR_SUPERVISOR_SECONDS,
     Outcome,
@@ -126,6 +127,7 @@ def store(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor
     if sup.first_step_unix is not None:
         extra[ATTR_FIRST_STEP_UNIX] = sup.first_step_unix
     attrs = outcome_attrs(out, extra)
+    values = out.values if out.state == "COMPLETE" else None
     with contextlib.suppress(OSError):
         (sup.artifact_dir / "outcome.json").write_text(json.dumps({**out.as_dict(), "attrs": attrs}, default=str))
 
@@ -141,10 +143,12 @@ def store(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor
         if reported is not None and task.final_step not in st.reported_steps(trial):
             st.retry(lambda: trial.report(reported, task.final_step), url=task.storage_url)
         upload_artifacts(study, trial, task, out, sup.artifact_dir)
+        failed = notes.guarded(f"trial {task.number}: note", lambda: notes.write_trial_note(
+            trial, notes.trial_note(task.number, out.state, values, attrs, task.params, task.objective.names),
+            task.storage_url), task.storage_url)
         out.slot_seconds = time.monotonic() - t0
-        return {ATTR_SLOT_SECONDS: round(out.slot_seconds, 3)}
+        return {ATTR_SLOT_SECONDS: round(out.slot_seconds, 3), **({ATTR_NOTE_ERROR: failed} if failed else {})}
 
-    values = out.values if out.state == "COMPLETE" else None
     told = write_outcome(study, task.trial_id, task.number, out.state, values, attrs, task.storage_url, last=last)
     if not told and not out.slot_seconds:  # finished by someone else before this supervisor could tell
         out.slot_seconds = time.monotonic() - t0

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gzip
+import http.client
 import json
 import os
 import re
@@ -20,11 +22,15 @@ import pytest
 
 from sweep import cli, dashboard
 from sweep import store as st
+from sweep.run import notes
 from sweep.spec import spec_hash
 from sweep.store import artifacts as art
 from tests.sweep_fixtures import ROOT, pg_available, pg_database, run_sweep, sweep_cmd, sweep_env, tiny_spec, write_spec
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = Path(os.environ.get("SWEEP_DASHBOARD_SHOTS") or ROOT / "runs")  # where the screenshots go
+NO_CHROMIUM = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                 reason="no chromium here (apt-get install chromium); CI must have it")
 TRIAL = {"budget_s": 3, "startup_allowance_s": 30, "eval_timeout_s": 30, "eval_fractions": [0.5], "heartbeat_s": 1,
          "stale_after_s": 10, "stop_grace_s": 5}
 
@@ -87,6 +93,19 @@ def test_api_lists_the_study_its_trials_and_their_learning_curves(swept, server)
         assert attrs["spec_hash"] == spec_hash(swept.spec)
         assert re.fullmatch(r"[0-9a-f]{40}", attrs["git_commit"])
         assert {p["name"] for p in t["params"]} == {"depth", "model_dim", "matrix_lr"}
+    for t in trials:  # each trial's note: its headline figures, above everything else on its page
+        note = t["note"]["body"]
+        assert note.startswith(f"### Trial {t['number']}: COMPLETE\n"), note
+        assert "| val_bpb | tokens/s | steps | MFU | charged s | params | git commit |" in note
+        assert f"`{_attrs(t)['git_commit'][:10]}" in note and f"| {t['values'][0]:.4f} |" in note
+    best = min(trials, key=lambda t: t["values"][0])
+    summary = detail["note"]["body"]  # the study's: its best trials, the best first, and what to run next
+    assert summary.startswith("## Best trials\n") and f"--trial {best['number']} " in summary
+    assert summary.index(f"[{best['number']}]") < summary.index(f"[{1 - best['number']}]")
+    figures = {g["id"]: json.loads(g["graph_object"]) for g in detail["plotly_graph_objects"]}
+    assert set(figures) == {notes.TABLE_ID, notes.FIGURE_ID}  # on the study's page: its best trials, their curves
+    layout = figures[notes.FIGURE_ID]["layout"]
+    assert layout["xaxis"]["title"]["text"] == "charged seconds" and layout["yaxis"]["title"]["text"] == "val_bpb"
     assert _get(f"{server}/api/studies/{sid}/param_importances")[0] == 200
     status, body = _get(f"{server}/api/studies/{sid}/plot/slice")  # drawn by plotly on the server
     assert status == 200 and b"data" in body
@@ -111,6 +130,48 @@ def test_trial_artifacts_are_listed_and_downloadable(swept, server):
     assert _get(f"{server}/artifacts/{sid}/{trials[0]['trial_id']}/00000000-0000-0000-0000-000000000000")[0] == 404
 
 
+def _raw(base: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+    """One request, redirects not followed."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", path, headers=headers or {})
+    return conn.getresponse()
+
+
+def test_the_trial_table_address_leads_to_the_table_it_became(swept, server):
+    sid = _study_id(server, swept.name)
+    r = _raw(server, f"/dashboard/studies/{sid}/trialTable")
+    assert r.status == 302 and r.getheader("Location") == f"/dashboard/studies/{sid}/smartSelection"
+    page = _raw(server, f"/dashboard/studies/{sid}/trials", {"If-Modified-Since": "Tue, 01 Dec 2099 00:00:00 GMT"})
+    body = page.read()  # the app's page, whole (never a 304 for a copy without our style), one line per cell
+    assert page.status == 200 and dashboard.CELL_STYLE.encode() in body and b"bundle.js" in body
+    assert int(page.getheader("Content-Length")) == len(body)
+
+
+def test_the_served_bundle_names_the_curve_charts_axes(server):
+    for headers in ({}, {"Accept-Encoding": "gzip, deflate"}):
+        r = _raw(server, "/static/bundle.js", headers)
+        body = r.read()
+        assert r.status == 200 and r.getheader("Content-Type") == "application/javascript"
+        if headers:
+            assert r.getheader("Content-Encoding") == "gzip"
+            body = gzip.decompress(body)
+        text = body.decode()
+        assert dashboard.AXES_OURS in text and dashboard.AXES_0_21 not in text
+        assert 'title:"charged seconds"' in text
+    etag = r.getheader("ETag")
+    assert _raw(server, "/static/bundle.js", {"If-None-Match": etag}).status == 304
+
+
+def test_a_bundle_without_the_known_text_is_served_as_it_is(tmp_path):
+    other = tmp_path / "bundle.js"
+    other.write_text('xaxis:{title:"Step"}')
+    calls = []
+    mended = dashboard.Mended(lambda env, start: calls.append(env["PATH_INFO"]) or [b"inner"], bundle=other)
+    assert mended({"REQUEST_METHOD": "GET", "PATH_INFO": "/static/bundle.js"}, lambda *a: None) == [b"inner"]
+    assert calls == ["/static/bundle.js"] and mended.patched is False
+
+
 def _chromium(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000",
                            f"--user-data-dir={tmp_path / 'chromium'}", *args], capture_output=True, text=True,
@@ -122,8 +183,24 @@ def _text(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                    reason="no chromium here (apt-get install chromium); CI must have it")
+def _main(html: str) -> str:
+    """The page's content, the part right of the side bar (MUI's <main>): what a blank page lacks."""
+    m = re.search(r"<main\b.*?</main>", html, flags=re.S)
+    assert m, "no <main>: the app did not render at all"
+    return m.group(0)
+
+
+def _shoot(server: str, path: str, name: str, tmp_path: Path, size: str = "1400,1000") -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    png = SHOTS / f"{name}.png"
+    png.unlink(missing_ok=True)
+    shot = _chromium(f"--screenshot={png}", f"--window-size={size}", f"{server}{path}", tmp_path=tmp_path)
+    assert shot.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
+    assert png.stat().st_size > 20_000  # a rendered page, not a blank one
+    return png
+
+
+@NO_CHROMIUM
 def test_headless_chromium_renders_the_study_and_its_trials(swept, server, tmp_path):
     sid = _study_id(server, swept.name)
     page = _chromium("--dump-dom", f"{server}/dashboard/studies/{sid}/trials", tmp_path=tmp_path)
@@ -136,15 +213,46 @@ def test_headless_chromium_renders_the_study_and_its_trials(swept, server, tmp_p
 
     overview = _text(_chromium("--dump-dom", f"{server}/dashboard/studies/{sid}", tmp_path=tmp_path).stdout)
     assert "val_bpb" in overview and "Best Trial" in overview
+    # The study's own summary and figure, and the curve chart's axes as the sweep means them.
+    assert "Best trials" in overview and "val_bpb against charged seconds" in overview
+    assert overview.count("charged seconds") >= 3 and "Objective Value" not in overview
 
-    shots = ROOT / "runs"
-    shots.mkdir(exist_ok=True)
-    for suffix, path in (("", f"/dashboard/studies/{sid}"), ("-trials", f"/dashboard/studies/{sid}/trials")):
-        png = shots / f"dashboard-{swept.name}{suffix}.png"
-        png.unlink(missing_ok=True)
-        shot = _chromium(f"--screenshot={png}", "--window-size=1400,1000", f"{server}{path}", tmp_path=tmp_path)
-        assert shot.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
-        assert png.stat().st_size > 20_000  # a rendered page, not a blank one
+    _shoot(server, f"/dashboard/studies/{sid}", f"dashboard-{swept.name}", tmp_path, size="1400,2400")
+    _shoot(server, f"/dashboard/studies/{sid}/trials", f"dashboard-{swept.name}-trials", tmp_path)
+
+
+@NO_CHROMIUM
+def test_headless_chromium_shows_a_trials_headline_figures_first(swept, server, tmp_path):
+    sid = _study_id(server, swept.name)
+    trial = _json(f"{server}/api/studies/{sid}")["trials"][1]
+    path = f"/dashboard/studies/{sid}/trials?numbers=1"
+    page = _chromium("--dump-dom", f"{server}{path}", tmp_path=tmp_path)
+    assert page.returncode == 0, page.stderr[-2000:]
+    main = _text(_main(page.stdout))
+    assert len(main) > 1000, main  # an empty page has a title and a side bar, no more
+    note = main[main.index("Trial 1: COMPLETE"):]
+    for word in ("val_bpb", "tokens/s", "steps", "MFU", "charged s", "git commit",
+                 _attrs(trial)["git_commit"][:10], f"{trial['values'][0]:.4f}"):
+        assert word in note, word
+    assert main.index("Trial 1: COMPLETE") < main.index("User Attributes")  # the figures come first
+    _shoot(server, path, f"dashboard-{swept.name}-trial", tmp_path)
+
+
+@NO_CHROMIUM
+def test_headless_chromium_renders_the_trial_tables_rows(swept, server, tmp_path):
+    sid = _study_id(server, swept.name)
+    path = f"/dashboard/studies/{sid}/trialTable"
+    page = _chromium("--dump-dom", f"{server}{path}", tmp_path=tmp_path)
+    assert page.returncode == 0, page.stderr[-2000:]
+    main = _main(page.stdout)
+    rows = re.findall(r"<tr\b.*?</tr>", main, flags=re.S)
+    cells = [re.findall(r"<td\b.*?</td>", r, flags=re.S) for r in rows]
+    body = [c for c in cells if c]
+    assert len(body) == 2, f"{len(rows)} rows: the trial table is empty"  # one per trial
+    text = _text(main)
+    for word in ("Number", "State", "val_bpb", "git_commit", "tokens_per_second"):
+        assert word in text, word
+    _shoot(server, path, f"dashboard-{swept.name}-trialTable", tmp_path, size="1400,1800")  # the table is low
 
 
 # Four told trials of a pareto study (val_bpb down, core up): the third is dominated by the second.
@@ -180,8 +288,7 @@ def test_api_shows_a_pareto_studys_objectives_and_front(pareto):
     assert [t["number"] for t in detail["best_trials"]] == [0, 1, 3]  # the trial dominated by trial 1 is out
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                    reason="no chromium here (apt-get install chromium); CI must have it")
+@NO_CHROMIUM
 def test_headless_chromium_renders_a_pareto_studys_front(pareto):
     page = _chromium("--dump-dom", f"{pareto.base}/dashboard/studies/{pareto.sid}", tmp_path=pareto.dir)
     assert page.returncode == 0, page.stderr[-2000:]
@@ -230,6 +337,20 @@ def test_dashboard_command_never_shows_the_storage_password(tmp_path):
     assert secret not in first + storage_line + out + err
     assert "postgres:***@" in storage_line
     assert f"GET /api/studies/{sid}" in err  # the access log went through the scrubbed stream
+
+
+def test_opening_a_study_writes_its_summary_if_it_has_none(tmp_path):
+    from optuna_dashboard import get_note
+
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    study = optuna.create_study(study_name="old", storage=st.open_storage(url))
+    assert dashboard.study_path(url, "old") is not None and get_note(study) == ""  # nothing complete: no summary
+    study.add_trial(optuna.trial.create_trial(value=1.5, intermediate_values={1: 2.0, 3: 1.5},
+                                              user_attrs={"val_bpb": 1.5, "steps": 7}))
+    assert dashboard.study_path(url, "old") == f"/dashboard/studies/{study._study_id}"
+    note = get_note(study)
+    assert note.startswith("## Best trials\n") and "| [0](" in note and "| 1.5000 | – | 7 |" in note
+    assert study.metric_names == ["val_bpb"]
 
 
 def test_a_busy_port_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
