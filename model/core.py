@@ -18,9 +18,10 @@ it (tests/model/test_core_reference.py works each convention out by hand).
   (reference_pick). Language modelling is right when greedy decoding reproduces every continuation token.
 - Accuracy is a float32 mean, as the reference's; centered accuracy = (acc - b) / (1 - b), b = 0.01 x the
   random baseline in percent; CORE = the mean over tasks.
-Where the reference would stop on an error (an answer cut off on its left, a language-modelling prompt that
-does not tokenise to a prefix of the full one, more few-shot examples asked than a task has others, a blank
-line in a task file) this goes on, as task_rows, fit_row, fewshot_indices and model.core_bundle say.
+Where the reference would stop on an error (an answer that starts left of the kept tokens, a
+language-modelling prompt that does not tokenise to a prefix of the full one, more few-shot examples asked
+than a task has others, a blank line in a task file) this goes on, as cut_rows, task_rows, fewshot_indices
+and model.core_bundle say.
 
 What differs is how the work is done, and none of it changes an example's score (the picks are the same):
 shapes are static, as Neuron wants them, and few (each length is one more compiled graph): every row waits
@@ -58,7 +59,7 @@ import torch.nn.functional as F
 
 from model.core_bundle import KINDS, Task, load_bundle
 
-__all__ = ["KINDS", "CoreResult", "Task", "bucket_lengths", "evaluate_core", "fewshot_indices", "fit_row",
+__all__ = ["KINDS", "CoreResult", "Task", "bucket_lengths", "cut_rows", "evaluate_core", "fewshot_indices",
            "load_bundle", "reference_order", "reference_pick", "reference_view",
            "task_rows"]  # KINDS, Task, load_bundle: from model.core_bundle
 
@@ -180,21 +181,28 @@ def bucket_lengths(seq_len: int, buckets: int, min_length: int = MIN_BUCKET) -> 
     return sorted({max(floor, seq_len >> k) for k in range(min(buckets, seq_len.bit_length()))})
 
 
-def fit_row(tokens: Sequence[int], start: int, end: int, seq_len: int, bos_id: int) -> tuple[list[int], int, int]:
-    """Keep the last seq_len tokens (a long row loses its BOS, as in the reference), then right-pad with BOS
-    to seq_len; start/end follow the shift.
+def cut_rows(kind: str, rows: Sequence[tuple[list[int], int, int]], seq_len: int
+             ) -> list[tuple[list[int], int, int]]:
+    """An example's rows (task_rows) as the reference feeds them to a model whose max_seq_len is seq_len: a
+    longer row keeps its last seq_len tokens, BOS dropped, and its span shifts with them.
 
-    An answer whose first token lands on the row's first position, or before it, has no token before it to
-    predict it from: its span becomes empty (start == end), as the reference's slice from start - 1 = -1 is
-    (further left the reference stops on an assertion; this scores nothing there too).
+    An answer whose first token lands on the row's first position has nothing before it to predict it from:
+    its span is empty (start == end), as the reference's slice from start - 1 = -1 is. Where the reference
+    stops instead (an answer that starts left of the window, or for language modelling on its first
+    position: an assertion, a shape mismatch), every row of the example is scored on what fits, its answer
+    from the row's second position on.
     """
-    cut = max(0, len(tokens) - seq_len)
-    if cut:
-        tokens = tokens[cut:]
-        start, end = start - cut, max(0, end - cut)
-        if start < 1:
-            start = end
-    return [*tokens, *[bos_id] * (seq_len - len(tokens))], start, end
+    least = 1 if kind == "language_modeling" else 0
+    beyond = any(start - max(0, len(tokens) - seq_len) < least for tokens, start, _ in rows)
+    out = []
+    for tokens, start, end in rows:
+        cut = max(0, len(tokens) - seq_len)
+        if cut:
+            tokens, start, end = tokens[cut:], start - cut, end - cut
+            if start < 1:
+                start = min(1, end) if beyond else end
+        out.append((tokens, start, end))
+    return out
 
 
 # --- scoring -----------------------------------------------------------------------------------------------
@@ -236,16 +244,17 @@ class _Pending:
 class _Row(NamedTuple):
     pending: _Pending
     option: int  # which of the example's rows
-    tokens: list[int]  # BOS first, neither truncated nor padded
+    tokens: list[int]  # as cut_rows leaves them (at most seq_len, BOS first unless cut), not padded
     start: int
     end: int
     round: int
 
 
-def _rows(tasks: Sequence[Task], order: Sequence[tuple[int, int, int]], tok: TextEncoder) -> Iterator[_Row]:
+def _rows(tasks: Sequence[Task], order: Sequence[tuple[int, int, int]], tok: TextEncoder, seq_len: int
+          ) -> Iterator[_Row]:
     """Lazily, so that tokenising counts against the time limit too."""
     for j, ti, idx in order:
-        rows = task_rows(tasks[ti], idx, tok)
+        rows = cut_rows(tasks[ti].kind, task_rows(tasks[ti], idx, tok), seq_len)
         pending = _Pending(ti, idx, len(rows))
         for r, (tokens, start, end) in enumerate(rows):
             yield _Row(pending, r, tokens, start, end, j)
@@ -326,8 +335,7 @@ def evaluate_core(
     length, or of any length before the first) and then reports what it scored with complete=False.
     max_examples > 0 limits each task to the first that many of reference_order (few-shot examples are then
     drawn from those only, as in the reference). autocast: a context manager for the forward (None: none);
-    clock: seconds, replaceable in tests. seq_len is also the reference's max_seq_len: longer rows keep their
-    last seq_len tokens.
+    clock: seconds, replaceable in tests. seq_len is also the reference's max_seq_len (cut_rows).
     """
     t0 = clock()
     lengths = bucket_lengths(seq_len, buckets, min_bucket)
@@ -361,7 +369,8 @@ def _score_all(model: torch.nn.Module, tokenizer: TextEncoder, tasks: Sequence[T
     picks: list[dict[int, int]] = [{} for _ in tasks]
     last_s: dict[int, float] = {}  # per length, the last batch's seconds
     last_any = 0.0
-    for length, batch in _batches(_rows(tasks, order, tokenizer), lengths, batch_size):
+    seq_len = lengths[-1]  # the longest
+    for length, batch in _batches(_rows(tasks, order, tokenizer, seq_len), lengths, batch_size):
         t_batch = clock()
         if t_batch - t0 + last_s.get(length, last_any) > max_seconds:
             counts[-1, 0] = 1.0
@@ -369,11 +378,10 @@ def _score_all(model: torch.nn.Module, tokenizer: TextEncoder, tasks: Sequence[T
         x = torch.full((batch_size, length), tokenizer.bos_id, dtype=torch.long)
         mask = torch.zeros(batch_size, length, dtype=torch.bool)
         real = 0
-        for b, row in enumerate(batch):
-            ids, start, end = fit_row(row.tokens, row.start, row.end, length, tokenizer.bos_id)
-            x[b] = torch.tensor(ids, dtype=torch.long)
-            mask[b, start:end] = True
-            real += min(len(row.tokens), length)
+        for b, row in enumerate(batch):  # right-padded with BOS, as x was filled
+            x[b, :len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.long)
+            mask[b, row.start:row.end] = True
+            real += len(row.tokens)
         scores = _score_batch(model, x.to(device), mask.to(device), autocast)
         for b, row in enumerate(batch):
             pending = row.pending

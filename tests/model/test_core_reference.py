@@ -18,9 +18,9 @@ import math
 import pytest
 
 from model.core import (
+    cut_rows,
     evaluate_core,
     fewshot_indices,
-    fit_row,
     load_bundle,
     reference_order,
     reference_pick,
@@ -156,27 +156,33 @@ def test_reference_pick_is_the_first_least_number_unless_the_first_is_nan():
     assert reference_pick([nan, nan]) == 0
 
 
-def test_fit_row_keeps_the_last_tokens_and_empties_an_answer_with_nothing_before_it():
+def test_cut_rows_keeps_the_last_tokens_and_empties_an_answer_with_nothing_before_it():
     tokens = [99, *range(10)]  # BOS 99, then ten tokens
-    row, start, end = fit_row(tokens, 8, 11, 6, 99)  # the answer is the last three: 11 - 6 = 5 tokens go
-    assert row == [4, 5, 6, 7, 8, 9] and (start, end) == (3, 6) and row[start:end] == [7, 8, 9]
-    row, start, end = fit_row(tokens[:4], 2, 4, 6, 99)  # short: right-padded with BOS, BOS first
-    assert row == [99, 0, 1, 2, 99, 99] and (start, end) == (2, 4)
-    row, start, end = fit_row(tokens, 5, 11, 6, 99)  # the answer fills the row from position 0: empty
-    assert row == [4, 5, 6, 7, 8, 9] and start == end
-    row, start, end = fit_row(tokens, 2, 11, 4, 99)  # longer than the row (the reference asserts): empty too
-    assert row == [6, 7, 8, 9] and start == end
+    # The answer is the last three; 11 - 6 = 5 tokens go, BOS first, and the span moves down by 5.
+    assert cut_rows("multiple_choice", [(tokens, 8, 11)], 6) == [([4, 5, 6, 7, 8, 9], 3, 6)]
+    assert cut_rows("multiple_choice", [(tokens[:4], 2, 4)], 6) == [([99, 0, 1, 2], 2, 4)]  # short: as it is
+    # The answer fills the row from position 0: the reference's slice [-1:5] is empty, so is the span.
+    assert cut_rows("schema", [(tokens, 5, 11)], 6) == [([4, 5, 6, 7, 8, 9], 6, 6)]
+    # Where the reference stops (an answer that starts left of the window: an assertion; a continuation on
+    # the window's first position: a shape mismatch), every row of the example is scored from position 1.
+    longer = [99, *range(11)]
+    assert cut_rows("multiple_choice", [(tokens, 5, 11), (longer, 5, 12)], 6) == [
+        ([4, 5, 6, 7, 8, 9], 1, 6), ([5, 6, 7, 8, 9, 10], 1, 6)]
+    assert cut_rows("language_modeling", [(tokens, 5, 11)], 6) == [([4, 5, 6, 7, 8, 9], 1, 6)]
+    assert cut_rows("language_modeling", [(tokens, 6, 11)], 6) == [([4, 5, 6, 7, 8, 9], 1, 6)]
 
 
-def test_an_answer_longer_than_the_row_is_scored_wrong(tmp_path, tok):
-    """Where the reference stops on an assertion (an answer that starts before the kept window), nothing is
-    scored: a multiple-choice loss is NaN, as when the answer just fills the window; a continuation is wrong."""
+def test_where_the_reference_stops_an_example_is_scored_on_what_fits(tmp_path, tok):
+    """Answers longer than the row: the reference stops on an assertion; here each option's answer is scored
+    from the window's second token. Multiple choice: the window holds the answer's last 16 letters, 4 to 19;
+    "fghijklmnopqrstu" has no letter seen before it, "a" * 16 has every "a" after the first: pick 1, right.
+    Language modelling: the window is "!" * 16, and greedy writes "!" after "!": right."""
     tasks = [_task("mc", "multiple_choice"), _task("lm", "language_modeling", delimiter="")]
-    data = {"mc.jsonl": [{"query": "Q", "choices": ["b" * 20, "a" * 20], "gold": 1}],
+    data = {"mc.jsonl": [{"query": "Q", "choices": ["bcdefghijklmnopqrstu", "a" * 20], "gold": 1}],
             "lm.jsonl": [{"context": "Q", "continuation": "!" * 20}]}
     tasks = load_bundle(write_bundle(tmp_path, tasks, data, {"mc": 50, "lm": 0}))
     result = evaluate_core(RecallModel(), tok, tasks, seq_len=SEQ_LEN, batch_size=2)
-    assert result.picks == {"mc": {0: 0}, "lm": {0: 0}} and result.accuracy == {"mc": 0.0, "lm": 0.0}
+    assert result.picks == {"mc": {0: 1}, "lm": {0: 1}} and result.accuracy == {"mc": 1.0, "lm": 1.0}
 
 
 @pytest.mark.parametrize("batch_size, buckets", [(1, 1), (4, 1), (3, 4), (7, 4), (64, 4)])
