@@ -31,7 +31,7 @@ class Task:
     kind: str
     num_fewshot: int
     delimiter: str
-    baseline: float  # random baseline as a fraction
+    baseline: float  # random baseline as a fraction: 0.01 x the percentage, the reference's float
     examples: list[dict[str, Any]] = field(repr=False)
 
 
@@ -64,7 +64,7 @@ def _read_baselines(path: Path) -> dict[str, float]:
             raise DataError(f"{path}:{n}", f"random baseline {value!r} is not a number") from None
         if not 0 <= percent < 100:
             raise DataError(f"{path}:{n}", f"random baseline {percent} is not a percentage in [0, 100)")
-        out[label.strip()] = percent / 100.0
+        out[label.strip()] = 0.01 * percent  # as the reference writes it: the same float, not percent / 100
     return out
 
 
@@ -96,24 +96,28 @@ def _check_example(ex: Any, kind: str) -> str:
 
 
 def _read_examples(path: Path, kind: str) -> list[dict[str, Any]]:
+    """One example per line, lines as a text file iterates them (the reference's way: \\n, \\r\\n or \\r end
+    a line, but U+2028, U+0085 and the other breaks str.splitlines() knows may sit raw inside a JSON string),
+    each stripped of surrounding whitespace; a blank line is skipped (the reference would stop on it)."""
+    examples = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    ex = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}", f"malformed JSON line: {e.msg}") from None
+                problem = _check_example(ex, kind)
+                if problem:
+                    raise DataError(f"{path}:{n}", f"{kind} example {problem}")
+                examples.append(ex)
     except OSError as e:
         raise DataError(path, f"cannot read task data: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise DataError(path, "task data is not UTF-8") from None
-    examples = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            ex = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}", f"malformed JSON line: {e.msg}") from None
-        problem = _check_example(ex, kind)
-        if problem:
-            raise DataError(f"{path}:{n}", f"{kind} example {problem}")
-        examples.append(ex)
     if not examples:
         raise DataError(path, "task data holds no examples")
     return examples

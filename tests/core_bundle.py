@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from model.data import Tokenizer
 
@@ -45,9 +46,30 @@ class BigramModel(nn.Module):
         return self.table[idx]
 
 
+class RecallModel(nn.Module):
+    """ids (B, T) -> logits (B, T, 257): 4 for every token seen at or before the position (BOS included), 0 for
+    the rest. So with m distinct tokens seen, the next token costs ln(m e^4 + 257 - m) nats, 4 less if seen;
+    and greedy decoding writes the smallest token id seen so far (argmax takes the first of equal logits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self.shapes.append(tuple(idx.shape))
+        return 4.0 * F.one_hot(idx, BYTE_VOCAB).cummax(dim=1).values.float()
+
+
+def _line(row: Any) -> str:
+    if not isinstance(row, str):
+        return json.dumps(row) + "\n"
+    return row if row.endswith(("\n", "\r")) else row + "\n"
+
+
 def write_bundle(root: Path, tasks: list[dict[str, Any]], data: dict[str, list[Any]],
                  baselines: dict[str, float]) -> Path:
-    """tasks: core.yaml entries; data: dataset_uri -> JSON-able lines (a str is written verbatim)."""
+    """tasks: core.yaml entries; data: dataset_uri -> JSON-able lines (a str is written verbatim, ending with
+    "\\n" unless it ends with a line break of its own)."""
     (root / "eval_data").mkdir(parents=True, exist_ok=True)
     lines = ["icl_tasks:"]
     for t in tasks:
@@ -57,7 +79,8 @@ def write_bundle(root: Path, tasks: list[dict[str, Any]], data: dict[str, list[A
     for uri, rows in data.items():
         path = root / "eval_data" / uri
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+        text = "".join(_line(r) for r in rows)
+        path.write_bytes(text.encode("utf-8"))  # bytes: no newline translation
     with (root / "eval_meta_data.csv").open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["Eval Task", "Random baseline"])

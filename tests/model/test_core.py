@@ -13,7 +13,7 @@ import torch
 
 from model import core
 from model.config import ConfigError, parse_config
-from model.core import bucket_lengths, evaluate_core, fewshot_indices, fit_row, load_bundle, task_rows
+from model.core import bucket_lengths, evaluate_core, fewshot_indices, load_bundle, reference_view, task_rows
 from model.data import DataError
 from model.democore import build_demo_bundle
 from model.evaluate import evaluate_core as exposed
@@ -75,7 +75,9 @@ def test_bucket_lengths_halve_seq_len_down_to_a_floor():
 
 
 def _rows_of(tasks, tok) -> list[list[int]]:
-    return [tokens for t in tasks for i in range(len(t.examples)) for tokens, _, _ in task_rows(t, i, tok)]
+    """Every row the evaluation feeds (few-shot examples drawn as it draws them)."""
+    views = [reference_view(t)[0] for t in tasks]
+    return [tokens for v in views for i in range(len(v.examples)) for tokens, _, _ in task_rows(v, i, tok)]
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
@@ -103,16 +105,6 @@ def test_leftover_rows_of_short_buckets_fill_a_longer_batch_rather_than_dummy_ro
     assert result.padding == pytest.approx(1 - real / (45 * 32))
 
 
-def test_fit_row_left_truncates_keeping_bos_and_pads_with_bos():
-    tokens = [99, *range(10)]  # BOS 99, then ten tokens; the continuation is the last three
-    row, start, end = fit_row(tokens, 8, 11, 6, 99)
-    assert row == [99, 5, 6, 7, 8, 9] and row[start:end] == [7, 8, 9]
-    row, start, end = fit_row(tokens[:4], 2, 4, 6, 99)
-    assert row == [99, 0, 1, 2, 99, 99] and (start, end) == (2, 4)
-    row, start, end = fit_row(tokens, 2, 11, 4, 99)  # a continuation longer than the row keeps its tail
-    assert row == [99, 7, 8, 9] and (start, end) == (1, 4)
-
-
 def test_a_long_context_is_cut_on_the_left_and_still_scored(tmp_path, tok):
     long = [{"context": "z" * 500 + " Q:", "continuation": "aaa"}, {"context": "z" * 300 + " Q:", "continuation": "ab"}]
     task = {"label": "long", "dataset_uri": "long.jsonl", "num_fewshot": 0, "icl_task_type": "language_modeling"}
@@ -134,10 +126,11 @@ def test_fewshot_prompts_carry_other_examples_with_their_gold_answers(tmp_path, 
     rows = [{"query": f"q{i}:", "choices": [f"right{i}", f"wrong{i}"], "gold": 0} for i in range(6)]
     task = {"label": "t", "dataset_uri": "t.jsonl", "num_fewshot": [3], "icl_task_type": "multiple_choice"}
     (t,) = load_bundle(write_bundle(tmp_path, [task], {"t.jsonl": rows}, {"t": 50}))
-    for idx in range(6):
-        text = tok.decode(task_rows(t, idx, tok)[0][0][1:])
-        shots = fewshot_indices(6, idx, 3)
-        assert text == "".join(f"q{i}: right{i}\n\n" for i in shots) + f"q{idx}: right{idx}"
+    view, order = reference_view(t)  # positions in the reference's shuffle; order[j]: position j's line
+    for j in range(6):
+        text = tok.decode(task_rows(view, j, tok)[0][0][1:])
+        shots = [order[i] for i in fewshot_indices(6, j, 3)]
+        assert text == "".join(f"q{i}: right{i}\n\n" for i in shots) + f"q{order[j]}: right{order[j]}"
 
 
 def test_schema_and_lm_rows_score_the_shared_continuation_only(hand, tok):
@@ -308,7 +301,7 @@ def test_buckets_leave_a_real_gpts_scores_unchanged_on_the_demo_bundle(data_cach
     full = evaluate_core(model, ds.tokenizer, tasks, seq_len=256, batch_size=16, buckets=1)
     result = evaluate_core(model, ds.tokenizer, tasks, seq_len=256, batch_size=16, buckets=4)
     assert result.complete and result.examples == full.examples == sum(len(t.examples) for t in tasks)
-    assert result.accuracy == full.accuracy and result.core == full.core
+    assert result.picks == full.picks and result.accuracy == full.accuracy and result.core == full.core
     assert len(set(full.accuracy.values())) > 1  # not a degenerate model that ties everything
     assert full.shapes == [(16, 256)] and result.shapes == [(16, 64), (16, 128), (16, 256)]
     assert result.padding < full.padding / 2
