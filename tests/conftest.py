@@ -103,3 +103,25 @@ def standin_kit(data_cache, tmp_path_factory) -> Path:
     return build_kit(tmp_path_factory.mktemp("kit") / "kit", demo, VOCAB_SIZE=TINY["vocab_size"],
                      EVAL_TOKENS=KIT_EVAL_ROWS * 2048)
 
+
+
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave without the interpreter's teardown once every result is printed.
+
+    A full run once ended in a segmentation fault after its summary line (820 passed), in the interpreter's
+    teardown of native libraries (torch, Ray, gRPC threads): the tests had all passed, the exit code did
+    not say so. Exiting here keeps pytest's own status and skips that teardown; the crash itself is
+    still to be found (it did not recur on the runs before it).
+    """
+    if _EXIT_STATUS and os.environ.get("TRNSWEEP_PYTEST_HARD_EXIT", "1") == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])
