@@ -36,11 +36,36 @@ class Ops:
                               reduction: str = "mean") -> torch.Tensor:
         """Cross-entropy (ignore_index=-1, float32) of softcap * tanh(logits / softcap); softcap 0 = no cap."""
         if self.impl == "torch":
+            if reduction == "none" and logits.device.type == "cpu" and torch.is_inference_mode_enabled():
+                return scoring_cross_entropy(logits, targets, softcap)
             logits = logits.float()
             if softcap > 0:
                 logits = softcap * torch.tanh(logits / softcap)
             return F.cross_entropy(logits, targets, ignore_index=-1, reduction=reduction)
         return softcap_cross_entropy(logits, targets, softcap, reduction=reduction, impl=self.impl)
+
+
+# Rows of logits per chunk in scoring_cross_entropy: about 2 MiB of float32 at a vocabulary of 8192, so a
+# chunk's capped logits stay in a core's L2 through tanh, log-sum-exp and the target's pick.
+SCORING_CHUNK_ELEMENTS = 1 << 19
+
+
+def scoring_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Per-target softcapped cross-entropy (float32, 0 where the target is -1) without autograd, a chunk of
+    rows at a time: the plain chain makes four passes over the whole [tokens, vocab] logits (divide, tanh,
+    scale, log-softmax), each a round trip to memory; here each chunk is capped in place and reduced while
+    cached. The same float32 operations as F.cross_entropy on the capped logits, so the same values to float
+    rounding. For evaluation (model.evaluate), where the logits of a wide batch are the largest tensor."""
+    n, vocab = logits.shape
+    chunk = max(1, SCORING_CHUNK_ELEMENTS // vocab)
+    out = torch.empty(n, dtype=torch.float32, device=logits.device)
+    for start in range(0, n, chunk):
+        z = logits[start:start + chunk].float()
+        z = torch.tanh(z / softcap).mul_(softcap) if softcap > 0 else z
+        t = targets[start:start + chunk]
+        picked = z.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+        out[start:start + chunk] = torch.where(t >= 0, torch.logsumexp(z, 1) - picked, 0.0)
+    return out
 
 
 def get_ops(impl: str = "auto") -> Ops:

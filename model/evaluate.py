@@ -8,12 +8,19 @@ final_val_bpb gives a run's result-record fields: it scores the rows the competi
 scores (model.data.scoring_set). When the rows scored are a uniform random sample of those, val_bpb
 estimates their figure; BpbResult.stderr(population) is the estimate's standard error, from
 per-row sums kept alongside (the rows' nats and bytes and their products).
+
+Scoring is made cheap without changing which tokens count or their sums beyond float rounding: inference
+mode (no autograd bookkeeping; on the CPU the softcapped cross-entropy then runs a chunk of logits at a time,
+kernels.ops.scoring_cross_entropy), and consecutive batches joined into wider ones (eval_batch_rows, bounded
+by a memory estimate). Precision is the caller's autocast, the training's: float32 on the CPU, where
+bfloat16 moved val_bpb by more than the 1e-4 allowed (bench/eval_bench.py measures it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +30,8 @@ import torch.distributed as dist
 from model.core import CoreResult, Task, evaluate_core, load_bundle
 from model.data import scoring_set
 
-__all__ = ["BpbResult", "CoreResult", "Task", "evaluate_bpb", "evaluate_core", "final_val_bpb", "load_bundle"]
+__all__ = ["BpbResult", "CoreResult", "Task", "eval_batch_rows", "evaluate_bpb", "evaluate_core", "final_val_bpb",
+           "load_bundle", "widen"]
 
 
 @dataclass(frozen=True)
@@ -58,19 +66,106 @@ class BpbResult:
         return math.sqrt((1 - n / population) * s2 / n) / (mean_bytes * math.log(2))
 
 
-@torch.no_grad()
+# Memory an evaluation batch may take: a share of the accelerator's free memory, or of the host's RAM on the
+# CPU, where widening past a few thousand tokens per batch gains nothing more (bench/eval_bench.py).
+EVAL_MEMORY_FRACTION = 0.25
+CPU_EVAL_MEMORY_BYTES = 1 << 30
+
+
+def eval_bytes_per_row(config: Any, seq_len: int) -> int:
+    """An upper estimate of the bytes one row of `seq_len` tokens needs in an inference forward, float32
+    throughout: the logits plus the widest moment of a block (residual, q/k/v, attention scores in case the
+    backend materialises them, the MLP's hidden twice) and the targets' bookkeeping."""
+    block = (6 * config.model_dim + 2 * config.mlp_dim) * seq_len + config.n_head * seq_len * seq_len
+    return 4 * (config.vocab_size * seq_len + block) + 8 * seq_len
+
+
+def eval_batch_rows(config: Any, seq_len: int, batch_size: int, device: torch.device,
+                    budget_bytes: int | None = None) -> int:
+    """The widest evaluation batch (rows, a multiple of batch_size) whose estimated activations fit the
+    memory budget: EVAL_MEMORY_FRACTION of the accelerator's free memory, or CPU_EVAL_MEMORY_BYTES (at most
+    that fraction of RAM) on the CPU. Other devices (Neuron) keep batch_size: their graphs are compiled per
+    shape, and the training's is compiled already."""
+    if device.type not in ("cpu", "cuda"):
+        return batch_size
+    if budget_bytes is None:
+        budget_bytes = _eval_memory_budget(device)
+    rows = budget_bytes // eval_bytes_per_row(config, seq_len)
+    return max(batch_size, rows // batch_size * batch_size)
+
+
+def _eval_memory_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * EVAL_MEMORY_FRACTION)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):
+        return CPU_EVAL_MEMORY_BYTES
+    return int(min(CPU_EVAL_MEMORY_BYTES, ram * EVAL_MEMORY_FRACTION))
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def widen(batches: Iterable[Batch], rows: int) -> Iterator[Batch]:
+    """Consecutive (x, y) batches joined along the rows, up to `rows` rows each (0: as given). Every row is
+    scored on its own, so the sums over rows are unchanged."""
+    group: list[Batch] = []
+    held = 0
+    for x, y in batches:
+        if group and rows and held + x.size(0) > rows:
+            yield _joined(group)
+            group, held = [], 0
+        group.append((x, y))
+        held += x.size(0)
+        if not rows:
+            yield _joined(group)
+            group, held = [], 0
+    if group:
+        yield _joined(group)
+
+
+def _joined(group: list[Batch]) -> Batch:
+    if len(group) == 1:
+        return group[0]
+    return torch.cat([x for x, _ in group]), torch.cat([y for _, y in group])
+
+
 def evaluate_bpb(
     model: torch.nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     token_bytes: torch.Tensor,
     device: torch.device,
     autocast=None,
+    batch_rows: int = 0,
+    fast: bool = True,
 ) -> BpbResult:
-    """Score `model` on fixed (x, y) batches; `token_bytes[id]` is the UTF-8 length of token id."""
+    """Score `model` on fixed (x, y) batches; `token_bytes[id]` is the UTF-8 length of token id. batch_rows
+    > 0 joins consecutive batches into wider ones of up to that many rows (eval_batch_rows picks it).
+    fast=False scores as the scorer's own loop does, under no_grad with the model's plain cross-entropy: the
+    yardstick the fast path is held to (1e-4 by test, float rounding in practice) and measured against."""
+    batches = list(batches)
     was_training = model.training
     model.eval()
-    token_bytes = token_bytes.to(device)
-    # nats, tokens, bytes, rows, and over rows: nats², nats*bytes, bytes²
+    if batches and hasattr(model, "grow_rotary"):
+        # Grown here, not under inference mode: tables made there could not serve a later training step.
+        model.grow_rotary(max(x.size(1) for x, _ in batches))
+    try:
+        with torch.inference_mode() if fast else torch.no_grad():
+            totals = _score(model, widen(batches, batch_rows), token_bytes.to(device), device, autocast)
+        totals = totals.clone()  # a normal tensor again, which all_reduce may write
+    finally:
+        model.train(was_training)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    nats, tokens, nbytes, rows, xx, xy, yy = totals.tolist()
+    return BpbResult(nats=nats, tokens=int(tokens), bytes=int(nbytes), rows=int(rows), row_moments=(xx, xy, yy))
+
+
+def _score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,
+           device: torch.device, autocast: Any) -> torch.Tensor:
+    """nats, tokens, bytes, rows, and over rows: nats², nats*bytes, bytes²; float64 on `device`."""
     totals = torch.zeros(7, dtype=torch.float64, device=device)
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -92,11 +187,7 @@ def evaluate_bpb(
         totals[4] += (row_nats * row_nats).sum()
         totals[5] += (row_nats * row_bytes).sum()
         totals[6] += (row_bytes * row_bytes).sum()
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    model.train(was_training)
-    nats, tokens, nbytes, rows, xx, xy, yy = totals.tolist()
-    return BpbResult(nats=nats, tokens=int(tokens), bytes=int(nbytes), rows=int(rows), row_moments=(xx, xy, yy))
+    return totals
 
 
 def final_val_bpb(
@@ -110,11 +201,15 @@ def final_val_bpb(
     scoring = scoring_set(ds, batch_size, seq_len, n_tokens, sample_rows, eval_seq_len, rank, world_size,
                           same_on_all_ranks=same_on_all_ranks)
     if scoring is None:  # a kit that does not say which rows it scores: its own evaluate_bpb, on every rank
-        bpb, seen = ds.evaluate(model, batch_size, device, autocast)
+        if ds.eval_seq_len and hasattr(model, "grow_rotary"):
+            model.grow_rotary(ds.eval_seq_len)  # as evaluate_bpb does, before inference mode
+        with torch.inference_mode():  # its batch size stays: the rows it scores depend on it
+            bpb, seen = ds.evaluate(model, batch_size, device, autocast)
         return {"val_bpb": bpb, "val_loss": seen["nats"] / max(seen["tokens"], 1), "val_tokens": seen["tokens"],
                 "val_bytes": seen["bytes"], "val_rows": seen["rows"], "val_population_rows": seen["rows"],
                 "val_seq_len": ds.eval_seq_len, "val_bpb_stderr": 0.0}
-    res = evaluate_bpb(model, scoring.batches, ds.token_bytes, device, autocast)
+    rows = eval_batch_rows(model.config, scoring.seq_len, batch_size, device) if hasattr(model, "config") else 0
+    res = evaluate_bpb(model, scoring.batches, ds.token_bytes, device, autocast, rows)
     return {"val_bpb": res.val_bpb, "val_loss": res.val_loss, "val_tokens": res.tokens, "val_bytes": res.bytes,
             "val_rows": res.rows, "val_population_rows": scoring.population, "val_seq_len": scoring.seq_len,
             "val_bpb_stderr": res.stderr(scoring.population)}

@@ -20,6 +20,7 @@ from torch.autograd import gradcheck
 
 import kernels
 from kernels import _nki
+from kernels import ops as ops_module
 from kernels.ops import Ops, get_ops
 from kernels.relu2_mlp import SBUF_BUDGET_BYTES, nki_sbuf_bytes, relu2_mlp
 from kernels.rmsnorm import rms_norm
@@ -351,3 +352,19 @@ def test_fake_nki_enforces_layout_rules():
     with pytest.raises(AssertionError, match="partition"):
         nl.ndarray((256, 4), dtype=nl.float32, buffer=nl.sbuf)
     assert np.isnan(sb).all()
+
+
+@pytest.mark.parametrize("softcap,dtype", [(15.0, torch.float32), (0.0, torch.float32), (15.0, torch.bfloat16)])
+def test_scoring_cross_entropy_is_the_plain_chain_a_chunk_at_a_time(monkeypatch, softcap, dtype):
+    # 7 rows per chunk over 40 rows: five full chunks and a short one; ignored targets among them.
+    monkeypatch.setattr(ops_module, "SCORING_CHUNK_ELEMENTS", 7 * 300)
+    logits = (torch.randn(40, 300) * 20).to(dtype)
+    targets = torch.randint(0, 300, (40,))
+    targets[[0, 13, 39]] = -1
+    with torch.no_grad():
+        plain = get_ops("torch").softcap_cross_entropy(logits, targets, softcap, "none")
+    with torch.inference_mode():
+        chunked = get_ops("torch").softcap_cross_entropy(logits, targets, softcap, "none")
+        assert torch.equal(chunked, ops_module.scoring_cross_entropy(logits, targets, softcap))
+    assert chunked.dtype == torch.float32 and torch.all(chunked[[0, 13, 39]] == 0)
+    torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-6)
