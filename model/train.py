@@ -9,8 +9,15 @@ before the next step would cross the budget. After the final evaluation, CORE ru
 (not charged; its seconds are recorded apart). With --json, stdout carries JSON lines (`start`, `step`,
 `eval`, then `result`, always last); human-readable logs go to stderr.
 
+`tokens_per_second` is the charged steps' tokens over those steps' seconds (the excluded steps and any
+start-up charged past the allowance are in neither); `eval_tokens_per_second` the val_bpb evaluations'
+scored positions over their seconds (CORE apart).
+
 Exit codes: 0 when a result with status ok, stopped or diverged was printed; 1 when the run failed
 (a `failed` result is printed where possible); 2 for a bad configuration or bad data, with one line.
+
+Long file: the charged clock, the loop it times and the record built from both, which must agree on what
+each figure counts and so read best together.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.data import BatchLoader, DataError, check_scoring, load_dataset, validation_batches  # noqa: E402
 from model.democore import resolve_bundle  # noqa: E402
-from model.evaluate import evaluate_bpb, evaluate_core, final_val_bpb, load_bundle  # noqa: E402
+from model.evaluate import eval_batch_rows, evaluate_bpb, evaluate_core, final_val_bpb, load_bundle  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
@@ -84,7 +91,7 @@ class ChargedClock:
     last_step_s: float = 0.0
     steps_seen: int = 0
     excluded_s: float = 0.0  # training steps that were not charged, part of start-up
-    step_times: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)  # the charged steps' own seconds, one per step
 
     def start(self, startup_s: float) -> None:
         self.startup_s = startup_s
@@ -104,6 +111,16 @@ class ChargedClock:
         self.step_times.append(seconds)
 
     @property
+    def steps_charged(self) -> int:
+        return max(0, self.steps_seen - self.excluded_steps)
+
+    @property
+    def step_charged_s(self) -> float:
+        """The charged seconds the charged steps took: charged_s less the start-up charged past the allowance
+        (on several ranks both are the slowest rank's, as _agree_on_clock leaves them)."""
+        return self.charged_s - max(0.0, self.startup_s - self.allowance_s)
+
+    @property
     def progress(self) -> float:
         if self.max_steps:
             return min(self.steps_seen / self.max_steps, 1.0)
@@ -121,6 +138,7 @@ class RunState:
     step: int = 0
     tokens: int = 0
     eval_seconds: float = 0.0
+    eval_tokens: int = 0  # positions of the rows scored (padding rows left out), every evaluation but CORE
     last_loss: float = float("nan")
     status: str = "ok"
     reason: str = ""
@@ -216,10 +234,13 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     state = RunState()
     pending_evals = sorted(set(run.eval_fractions) - {1.0})
 
+    eval_rows = eval_batch_rows(cfg.model, T, B, rt.device)
+
     def intermediate_eval() -> None:
         t0 = time.perf_counter()
-        res = evaluate_bpb(model, eval_batches, ds.token_bytes, rt.device, rt.autocast())
+        res = evaluate_bpb(model, eval_batches, ds.token_bytes, rt.device, rt.autocast(), eval_rows)
         state.eval_seconds += time.perf_counter() - t0
+        state.eval_tokens += res.rows * T
         point = {"step": state.step, "charged_s": round(clock.charged_s, 4),
                  "progress": round(clock.progress, 4), "val_bpb": res.val_bpb, "val_loss": res.val_loss}
         state.curve.append(point)
@@ -288,9 +309,10 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "status": state.status, "val_bpb": None, "val_loss": None, "val_tokens": 0, "val_bytes": 0,
         "val_rows": 0, "val_population_rows": 0, "val_seq_len": None, "val_bpb_stderr": None,
         "train_seconds": train_seconds, "startup_seconds": clock.startup_s,
-        "eval_seconds": state.eval_seconds,
         "steps": state.step, "tokens": state.tokens,
-        "tokens_per_second": state.tokens / train_seconds if train_seconds > 0 else 0.0,
+        # Throughput of the charged steps: their tokens over their seconds. The excluded steps' tokens are in
+        # `tokens` but their seconds are start-up, and start-up charged past the allowance trains nothing.
+        "tokens_per_second": _rate(clock.steps_charged * tokens_per_step, clock.step_charged_s),
         "params": n_params, "flops_per_token": model.flops_per_token(), "device": rt.kind,
         "world_size": rt.world_size, "budget_s": run.budget_s, "over_budget": train_seconds > run.budget_s,
         "train_loss": state.last_loss, "data": ds.fingerprint, "curve": state.curve,
@@ -305,12 +327,15 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         result.update(final_val_bpb(model, ds, run.batch_size, T, run.final_eval_tokens, run.final_eval_rows,
                                     run.eval_seq_len, rt.device, rt.autocast(), rt.rank, rt.world_size, same))
         state.eval_seconds += time.perf_counter() - t0
-        result["eval_seconds"] = state.eval_seconds
+        state.eval_tokens += result["val_rows"] * result["val_seq_len"]
         if out_dir is not None and run.save_checkpoint and rt.is_master:
             save_checkpoint(model, out_dir / "final.pt", ds.tokenizer)
             result["checkpoint"] = str(out_dir / "final.pt")
         if core_tasks is not None:
             result.update(_run_core(model, ds.tokenizer, core_tasks, cfg, rt, events, fault))
+    # Evaluation's throughput beside training's: every val_bpb evaluation (intermediate and final), not CORE.
+    result.update(eval_seconds=state.eval_seconds, eval_tokens=state.eval_tokens,
+                  eval_tokens_per_second=_rate(state.eval_tokens, state.eval_seconds))
     model_flops = model.flops_per_token() * result["tokens_per_second"]
     peak = rt.peak_flops()
     result["model_flops_per_second"] = model_flops
@@ -325,6 +350,10 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     result["peak_memory_bytes"] = rt.peak_memory_bytes()
     result["config"] = cfg.to_dict()
     return result
+
+
+def _rate(count: float, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
 
 
 def _run_core(model: GPT, tokenizer: Any, tasks: list, cfg: TrainConfig, rt: devices.Runtime,

@@ -10,14 +10,17 @@ import time
 import pytest
 import torch
 
-from model.config import parse_config
+from model import device as devices
+from model import train as trainer
+from model.config import parse_config, resolve_batch
 from model.train import ChargedClock, load_for_eval
 from tests.conftest import ROOT, parse_events, subprocess_env, trainer_command
 
 RECORD_FIELDS = {
     "status", "val_bpb", "val_loss", "val_tokens", "val_bytes", "val_rows", "val_population_rows", "val_seq_len",
     "val_bpb_stderr", "train_seconds", "startup_seconds",
-    "eval_seconds", "steps", "tokens", "tokens_per_second", "params", "device", "world_size",
+    "eval_seconds", "eval_tokens", "eval_tokens_per_second", "steps", "tokens", "tokens_per_second", "params",
+    "device", "world_size",
     "peak_memory_bytes", "config",
 }
 
@@ -46,6 +49,43 @@ def test_clock_with_max_steps_keys_progress_to_steps():
     clock.add_step(0.1)
     clock.add_step(0.1)
     assert clock.should_stop()
+
+
+def test_tokens_per_second_is_the_charged_steps_tokens_over_their_seconds(tiny_config, monkeypatch):
+    """Counted apart from the trainer: tokens as the loader hands them out, seconds as the clock is given them.
+    No allowance, so start-up (the excluded steps included) is charged too: neither its seconds nor the
+    excluded steps' tokens belong in the rate."""
+    batches: list[int] = []
+    steps: list[float] = []
+
+    class CountingLoader(trainer.BatchLoader):
+        def __next__(self):
+            x, y = super().__next__()
+            batches.append(x.numel())
+            return x, y
+
+    class TimedClock(ChargedClock):
+        def add_step(self, seconds: float) -> None:
+            steps.append(seconds)
+            super().add_step(seconds)
+
+    monkeypatch.setattr(trainer, "BatchLoader", CountingLoader)
+    monkeypatch.setattr(trainer, "ChargedClock", TimedClock)
+    cfg = parse_config({**tiny_config, "device": "cpu", "max_steps": 7, "excluded_steps": 3, "startup_allowance_s": 0.0,
+                        "eval_fractions": [0.5], "save_checkpoint": False}, budget_s=1e6)
+    rt = devices.setup("cpu")
+    resolve_batch(cfg, rt.world_size)
+    result = trainer.train(cfg, rt, trainer.Events(False, False), None)
+    assert result["status"] == "ok" and result["steps"] == len(steps) == len(batches) == 7
+    charged_tokens, charged_s = sum(batches[3:]), sum(steps[3:])
+    assert result["tokens_per_second"] == pytest.approx(charged_tokens / charged_s, rel=1e-9)
+    assert result["tokens"] == sum(batches)
+    # The old figure, every token over every charged second, is far off here (start-up is charged).
+    assert result["tokens"] / result["train_seconds"] < 0.9 * result["tokens_per_second"]
+    # Evaluation's rate beside it: the intermediate and the final evaluations' rows at their lengths.
+    intermediate_rows = tiny_config["eval_tokens"] // tiny_config["seq_len"]
+    assert result["eval_tokens"] == (intermediate_rows + result["val_rows"]) * tiny_config["seq_len"]
+    assert result["eval_tokens_per_second"] == pytest.approx(result["eval_tokens"] / result["eval_seconds"])
 
 
 @pytest.mark.slow
