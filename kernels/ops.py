@@ -59,12 +59,19 @@ def scoring_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: 
     n, vocab = logits.shape
     chunk = max(1, SCORING_CHUNK_ELEMENTS // vocab)
     out = torch.empty(n, dtype=torch.float32, device=logits.device)
-    for start in range(0, n, chunk):
-        z = logits[start:start + chunk].float()
-        z = torch.tanh(z / softcap).mul_(softcap) if softcap > 0 else z
-        t = targets[start:start + chunk]
-        picked = z.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
-        out[start:start + chunk] = torch.where(t >= 0, torch.logsumexp(z, 1) - picked, 0.0)
+    # One intra-op thread: a cached chunk's ops are too short to share, and on a busy machine each op's
+    # fork and join across threads cost more than the op (bench/eval_bench.py: 2x slower with two threads).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for start in range(0, n, chunk):
+            z = logits[start:start + chunk].float()
+            z = torch.tanh(z / softcap).mul_(softcap) if softcap > 0 else z
+            t = targets[start:start + chunk]
+            picked = z.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+            out[start:start + chunk] = torch.where(t >= 0, torch.logsumexp(z, 1) - picked, 0.0)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 

@@ -46,7 +46,7 @@ from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.data import BatchLoader, DataError, check_scoring, load_dataset, validation_batches  # noqa: E402
 from model.democore import resolve_bundle  # noqa: E402
-from model.evaluate import eval_batch_rows, evaluate_bpb, evaluate_core, final_val_bpb, load_bundle  # noqa: E402
+from model.evaluate import eval_batch_rows, evaluate_bpb, evaluate_core, final_val_bpb, load_bundle, pruning_autocast  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
@@ -235,10 +235,11 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     pending_evals = sorted(set(run.eval_fractions) - {1.0})
 
     eval_rows = eval_batch_rows(cfg.model, T, B, rt.device)
+    eval_autocast = pruning_autocast(rt.device, rt.autocast_dtype)
 
     def intermediate_eval() -> None:
         t0 = time.perf_counter()
-        res = evaluate_bpb(model, eval_batches, ds.token_bytes, rt.device, rt.autocast(), eval_rows)
+        res = evaluate_bpb(model, eval_batches, ds.token_bytes, rt.device, eval_autocast, eval_rows)
         state.eval_seconds += time.perf_counter() - t0
         state.eval_tokens += res.rows * T
         point = {"step": state.step, "charged_s": round(clock.charged_s, 4),

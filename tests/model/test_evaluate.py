@@ -8,7 +8,7 @@ import torch
 
 from model.config import GPTConfig
 from model.data import BatchLoader, load_dataset, validation_batches
-from model.evaluate import eval_batch_rows, eval_bytes_per_row, evaluate_bpb, widen
+from model.evaluate import eval_batch_rows, eval_bytes_per_row, evaluate_bpb, pruning_autocast, widen
 from model.gpt import GPT
 from tests.conftest import TINY
 
@@ -43,6 +43,9 @@ def test_the_cheap_path_scores_what_the_scorers_loop_scores_within_1e4(trained):
             exact.tokens, exact.bytes, 32)
         assert abs(cheap.val_bpb - exact.val_bpb) < 1e-4, rows
         assert cheap.row_moments == pytest.approx(exact.row_moments, rel=1e-5)
+    bf16 = evaluate_bpb(model, batches, token_bytes, CPU, torch.autocast("cpu", dtype=torch.bfloat16), 16)
+    assert bf16.bytes == exact.bytes and abs(bf16.val_bpb - exact.val_bpb) < 1e-4  # the pruning evaluations'
+    assert pruning_autocast(CPU, torch.bfloat16).fast_dtype == torch.bfloat16  # the training's, where it has one
     assert model.training  # put back as it was
 
 
