@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from model.core import CoreResult, Task, evaluate_core, load_bundle
-from model.data import scoring_set
+from model.data import scoring_set, validation_batches
 
 __all__ = ["BpbResult", "CoreResult", "Task", "eval_batch_rows", "evaluate_bpb", "evaluate_core", "final_val_bpb",
-           "load_bundle", "pruning_autocast", "widen"]
+           "load_bundle", "pruning_autocast", "pruning_batches", "widen"]
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,19 @@ def _score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.T
         totals[5] += (row_nats * row_bytes).sum()
         totals[6] += (row_bytes * row_bytes).sum()
     return totals
+
+
+def pruning_batches(ds: Any, batch_size: int, seq_len: int, n_tokens: int, span_tokens: int, rank: int = 0,
+                    world_size: int = 1, same_on_all_ranks: Any = None) -> list[Batch]:
+    """The intermediate (pruning) evaluations' batches: a fixed uniform sample of n_tokens // seq_len rows of
+    the first span_tokens // seq_len (the final evaluation's span, at the training's seq_len), the same in
+    every run, rather than the first rows, which stand for whatever text the shard opens with. On the kit's
+    data, or when the span is no wider, the first rows (model.data.validation_batches)."""
+    if getattr(ds, "is_kit", False) or span_tokens <= n_tokens:
+        return validation_batches(ds, batch_size, seq_len, n_tokens, rank, world_size,
+                                  same_on_all_ranks=same_on_all_ranks)
+    return scoring_set(ds, batch_size, seq_len, span_tokens, max(1, n_tokens // seq_len), 0, rank, world_size,
+                       same_on_all_ranks=same_on_all_ranks).batches
 
 
 def final_val_bpb(

@@ -44,9 +44,17 @@ import torch.distributed as dist  # noqa: E402
 from model import device as devices  # noqa: E402
 from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
-from model.data import BatchLoader, DataError, check_scoring, load_dataset, validation_batches  # noqa: E402
+from model.data import BatchLoader, DataError, check_scoring, load_dataset  # noqa: E402
 from model.democore import resolve_bundle  # noqa: E402
-from model.evaluate import eval_batch_rows, evaluate_bpb, evaluate_core, final_val_bpb, load_bundle, pruning_autocast  # noqa: E402
+from model.evaluate import (  # noqa: E402
+    eval_batch_rows,
+    evaluate_bpb,
+    evaluate_core,
+    final_val_bpb,
+    load_bundle,
+    pruning_autocast,
+    pruning_batches,
+)
 from model.gpt import GPT  # noqa: E402
 from model.optim import Optimizers  # noqa: E402
 
@@ -227,8 +235,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     same = functools.partial(_same_on_all_ranks, rt=rt)  # the kit's loader may not split ranks (model.data.kit)
     loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=rt.rank, world_size=rt.world_size, seed=run.seed,
                          same_on_all_ranks=same)
-    eval_batches = validation_batches(ds, batch_size=B, seq_len=T, n_tokens=run.eval_tokens,
-                                      rank=rt.rank, world_size=rt.world_size, same_on_all_ranks=same)
+    eval_batches = pruning_batches(ds, B, T, run.eval_tokens, run.final_eval_tokens, rt.rank, rt.world_size, same)
     tokens_per_step = B * T * run.grad_accum * rt.world_size
     clock = ChargedClock(run.budget_s, run.startup_allowance_s, run.excluded_steps, run.max_steps)
     state = RunState()

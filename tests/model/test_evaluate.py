@@ -8,7 +8,9 @@ import torch
 
 from model.config import GPTConfig
 from model.data import BatchLoader, load_dataset, validation_batches
-from model.evaluate import eval_batch_rows, eval_bytes_per_row, evaluate_bpb, pruning_autocast, widen
+from model.data.loader import validation_rows
+from model.data.rows import sample_indices
+from model.evaluate import eval_batch_rows, eval_bytes_per_row, evaluate_bpb, pruning_autocast, pruning_batches, widen
 from model.gpt import GPT
 from tests.conftest import TINY
 
@@ -79,3 +81,18 @@ def test_a_model_scored_past_its_length_in_inference_mode_still_trains():
     assert model.cos.size(1) == 48 and not model.cos.is_inference()
     model(x[:, :16], x[:, :16]).backward()
     assert model.wte.weight.grad is not None
+
+
+def test_pruning_evaluations_score_a_fixed_spread_sample_of_the_final_span(data_cache):
+    ds = load_dataset(None, TINY["vocab_size"], cache_dir=data_cache)
+    T = SHAPE["seq_len"]
+    batches = pruning_batches(ds, 8, T, 32 * T, 256 * T)
+    x = torch.cat([b[0] for b in batches])
+    span = validation_rows(ds, T, 256 * T)
+    picked = sample_indices(span.shape[0], 32)
+    assert x.shape == (32, T) and torch.equal(x, torch.as_tensor(span[picked, :-1]))
+    assert picked.max() > 128  # spread over the span, not its first 32 rows
+    again = pruning_batches(ds, 8, T, 32 * T, 256 * T)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(batches, again, strict=True))  # the same rows every run
+    first = pruning_batches(ds, 8, T, 32 * T, 32 * T)  # no wider span: the first rows, as before
+    assert torch.equal(torch.cat([b[0] for b in first]), torch.as_tensor(span[:32, :-1]))
