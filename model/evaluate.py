@@ -72,12 +72,14 @@ EVAL_MEMORY_FRACTION = 0.25
 CPU_EVAL_MEMORY_BYTES = 1 << 30
 
 
-def eval_bytes_per_row(config: Any, seq_len: int) -> int:
+def eval_bytes_per_row(config: Any, seq_len: int, logit_copies: int = 4) -> int:
     """An upper estimate of the bytes one row of `seq_len` tokens needs in an inference forward, float32
-    throughout: the logits plus the widest moment of a block (residual, q/k/v, attention scores in case the
-    backend materialises them, the MLP's hidden twice) and the targets' bookkeeping."""
+    throughout: `logit_copies` copies of the logits (the plain softcapped cross-entropy holds the logits, the
+    capped ones and their log-softmax at once; the CPU's chunked one only the first) plus the widest moment
+    of a block (residual, q/k/v, attention scores in case the backend materialises them, the MLP's hidden
+    twice) and the targets' bookkeeping."""
     block = (6 * config.model_dim + 2 * config.mlp_dim) * seq_len + config.n_head * seq_len * seq_len
-    return 4 * (config.vocab_size * seq_len + block) + 8 * seq_len
+    return 4 * (logit_copies * config.vocab_size * seq_len + block) + 8 * seq_len
 
 
 def eval_batch_rows(config: Any, seq_len: int, batch_size: int, device: torch.device,
@@ -90,7 +92,7 @@ def eval_batch_rows(config: Any, seq_len: int, batch_size: int, device: torch.de
         return batch_size
     if budget_bytes is None:
         budget_bytes = _eval_memory_budget(device)
-    rows = budget_bytes // eval_bytes_per_row(config, seq_len)
+    rows = budget_bytes // eval_bytes_per_row(config, seq_len, 1 if device.type == "cpu" else 4)
     return max(batch_size, rows // batch_size * batch_size)
 
 

@@ -62,8 +62,9 @@ def test_widen_joins_consecutive_batches_up_to_the_rows_asked():
 
 def test_eval_batch_rows_fits_the_memory_budget_in_whole_batches():
     cfg = GPTConfig(**SHAPE)
-    per_row = eval_bytes_per_row(cfg, 64)
+    per_row = eval_bytes_per_row(cfg, 64, logit_copies=1)  # the CPU's: its scoring reads the logits in place
     assert per_row > 4 * cfg.vocab_size * 64  # the logits at least
+    assert eval_bytes_per_row(cfg, 64) == per_row + 3 * 4 * cfg.vocab_size * 64  # elsewhere the plain chain's copies
     assert eval_batch_rows(cfg, 64, 8, CPU, budget_bytes=per_row * 37) == 32
     assert eval_batch_rows(cfg, 64, 8, CPU, budget_bytes=per_row) == 8  # never below the training batch
     # Any other device (Neuron; "meta" stands for it here, where torch-neuronx is absent) keeps its shapes.
