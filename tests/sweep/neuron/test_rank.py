@@ -116,3 +116,25 @@ def test_rank_module_runs_the_trainer_as_main(tmp_path, monkeypatch, capsys):
     assert rank.main([]) == 2
     monkeypatch.setenv("LOCAL_RANK", "5")
     assert rank.main(["probe_main"]) == 2 and "LOCAL_RANK=5 has no core" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_real_trainer_runs_behind_the_rank_module_on_two_ranks(tmp_path, tiny_config, monkeypatch):
+    """The supervisor's command line with the rank module in front of model.train (gloo on the CPU): each
+    rank narrows its cores, then trains, and the ranks agree as one run."""
+    monkeypatch.setenv(neuron.CORES_VAR, "2-3")  # as Ray sets it: the wrapper is used, the device stays cpu
+    monkeypatch.setenv(neuron.NODE_CACHE_VAR, str(tmp_path / "nc"))
+    config = {**tiny_config, "depth": 1, "model_dim": 32, "seq_len": 32, "batch_size": 4, "eval_tokens": 512,
+              "final_eval_tokens": 1024, "eval_fractions": [1.0], "max_steps": 3, "device": "cpu", "ranks": 2,
+              "lnc": 2}
+    task = TrialTask(study="r", storage_url="", number=0, trial_id=0, params={}, config=config, budget_s=60,
+                     deadline_s=240, eval_fractions=(1.0,), stop_grace_s=5, heartbeat_s=1,
+                     artifact_dir=str(tmp_path / "art"))
+    sup = supervisor.Supervisor(task)
+    try:
+        out = sup.run()
+    finally:
+        sup.close()
+    assert out.state == "COMPLETE", out.reason
+    assert sup.launch is not None and sup.launch.rank_module == neuron.RANK_MODULE
+    assert sup.launch_attrs["neuron_rank_cores"] == "2-3" and sup.record["world_size"] == 2
