@@ -69,6 +69,7 @@ from sweep.neuron.monitor import (
     Device,
     MonitorSampler,
     check_node,
+    monitor_once,
     monitor_sample,
     neuron_ls,
     parse_neuron_ls,
@@ -82,6 +83,6 @@ __all__ = [
     "NOT_IN_GRAPH_KEY", "TRAINER_DEFAULTS", "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device", "LaunchError",
     "MonitorSampler", "TrialLaunch", "cache_entries", "cache_location", "cache_outcome", "check_node", "check_spec",
     "chip_cores", "compile_seconds", "format_cores", "graph_key", "graph_shape", "launch_values", "map_ranks",
-    "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "resolved_model", "spec_fit", "split_flags",
+    "monitor_once", "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "resolved_model", "spec_fit", "split_flags",
     "to_trial_lnc", "trainer_defaults",
 ]
