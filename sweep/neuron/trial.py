@@ -1,8 +1,9 @@
 """One Neuron trial: its launch plan, cache and utilisation, from before the trainer starts to its outcome.
 
 :class:`TrialLaunch` strips the launch keys from the trainer's config and turns them into environment
-and torchrun arguments, narrows ``NEURON_RT_VISIBLE_CORES`` to the ranks' cores (so
-``neuron:LOCAL_RANK`` is the mapped core), points the compile caches at the trial's cache and records
+and torchrun arguments, narrows ``NEURON_RT_VISIBLE_CORES`` to the ranks' cores (one core per process:
+a single rank sees its core as ``neuron:0``; several ranks each get their own through
+:mod:`sweep.neuron.rank`), points the compile caches at the trial's cache and records
 what happened. It lives apart from ``launch`` because it draws on every other module of the package.
 """
 
@@ -32,6 +33,8 @@ from sweep.neuron.launch import (
     DEFAULT_NODE_LNC,
     LAUNCH_KEYS,
     LNC_VAR,
+    RANK_CORES_VAR,
+    RANK_MODULE,
     format_cores,
     launch_values,
     map_ranks,
@@ -56,6 +59,7 @@ class TrialLaunch:
     cache: CacheLocation | None = None
     cache_before: set[str] = field(default_factory=set)
     sampler: MonitorSampler | None = None
+    rank_module: str | None = None  # torchrun runs this in each rank (it narrows the cores, then the trainer)
 
     @classmethod
     def prepare(cls, config: Mapping[str, Any], default_ranks: int, task_env: Mapping[str, str],
@@ -84,6 +88,9 @@ class TrialLaunch:
             trial_lnc = lnc or node_lnc
             rank_cores = map_ranks(to_trial_lnc(assigned, node_lnc, trial_lnc), ranks, trial_lnc)
             launch.env[CORES_VAR] = format_cores(rank_cores)
+            if ranks > 1:  # TorchNeuron wants one core per process: each rank narrows to its own
+                launch.env[RANK_CORES_VAR] = ",".join(map(str, rank_cores))
+                launch.rank_module = RANK_MODULE
             attrs.update(neuron_cores_assigned=format_cores(assigned), neuron_rank_cores=format_cores(rank_cores))
         neuron = bool(visible) or config.get("device") == "neuron" or bool(compile_cache)
         if neuron:

@@ -186,8 +186,11 @@ def test_multi_chip_trial_launches_one_rank_per_core_over_all_its_cores(tmp_path
     assert plan.attrs["neuron_trial_devices"] == devices and plan.attrs["launch_ranks"] == ranks
     task = TrialTask(study="k", storage_url="", number=0, trial_id=0, params={}, config=plan.config,
                      budget_s=4, deadline_s=9, eval_fractions=(0.5,), ranks=plan.ranks)
-    cmd = supervisor.trainer_command(task, tmp_path / "c.json", tmp_path)
+    cmd = supervisor.trainer_command(task, tmp_path / "c.json", tmp_path, rank_module=plan.rank_module)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"] and cmd[5] == str(ranks)
+    # Each rank narrows to its own core before the trainer starts (TorchNeuron: one core per process).
+    assert cmd[6:9] == ["-m", neuron.RANK_MODULE, task.trainer]
+    assert plan.env[neuron.RANK_CORES_VAR].split(",") == [str(c) for c in neuron.parse_cores(rank_cores)]
     plan.close()
 
 
