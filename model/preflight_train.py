@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernels.neuron import neuron_available
 
-    report: dict[str, Any] = {"rank": int(os.environ.get("RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
-                              "world_size": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
+    report: dict[str, Any] = {"rank": int(os.environ.get("RANK", 0)), "pid": os.getpid(),
+                              "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+                              "world_size": int(os.environ.get("WORLD_SIZE", 1)),
                               "cores_at_start": os.environ.get(CORES_VAR)}
     directory = os.environ.get(RANKS_VAR)
     try:

@@ -1,4 +1,4 @@
-"""``python -m sweep run|status|best|trial|dashboard|precompile|preflight|replay|promote|export``: the sweep's command line.
+"""``python -m sweep run|status|best|trial|dashboard|precompile|preflight|replay|promote|export``: the command line.
 
 Exit codes follow docs/design.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded

@@ -2,12 +2,12 @@
 
 :func:`install` writes them under a directory and puts them first on ``PYTHONPATH`` and ``PATH``:
 
-- ``torch_neuronx``: registers ``torch.neuron`` (``is_available``, ``device_count`` at the process's
+- ``torch_neuronx``: applies ``tests/neuron_standin``'s rule (in a distributed run one NeuronCore per
+  process, the local rank's where ``NEURON_RT_VISIBLE_CORES`` is unset, as TorchNeuron does), then
+  registers ``torch.neuron`` (``is_available``, ``device_count`` at the process's
   ``NEURON_LOGICAL_NC_CONFIG``, ``current_device``, ``synchronize``) and the ``"neuron"`` backend of
   ``torch.compile``, which keeps one ``.neff`` per graph under ``TORCH_NEURONX_NEFF_CACHE_DIR`` and finds it
-  again on the next run. As TorchNeuron does in a distributed run (``WORLD_SIZE`` > 1), it sets
-  ``NEURON_RT_VISIBLE_CORES`` to the local rank where unset and refuses a process holding more than one
-  core. Tensors stay on the CPU.
+  again on the next run. Tensors stay on the CPU.
 - ``nki``: ``kernels._fake_nki`` under the real package's name (kernels run through ``nki.simulate``, so
   ``NKI_SIMULATOR=1`` is set).
 - ``neuron-ls`` and ``neuron-monitor`` executables printing their documented JSON.
@@ -27,8 +27,9 @@ from pathlib import Path
 from tests.sweep.neuron.test_neuron import FAKE_LS, NEURON_LS
 
 TORCH_NEURONX = '''\
-"""torch-neuronx stand-in (tests/neuron_standins.py)."""
+"""torch-neuronx stand-in (tests/neuron_standins.py): tests/neuron_standin's core rule, plus torch.neuron."""
 import hashlib
+import importlib.util
 import os
 import sys
 import types
@@ -37,31 +38,19 @@ import torch
 
 MODES = set(filter(None, os.environ.get("FAKE_NEURON", "").split(",")))
 CORES = "NEURON_RT_VISIBLE_CORES"
-
-
-def _parse(text):
-    out = []
-    for item in text.split(","):
-        lo, _, hi = item.strip().partition("-")
-        out += range(int(lo), int(hi or lo) + 1)
-    return out
-
-
-if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-    if "share-core" in MODES:
-        os.environ[CORES] = "0"
-    os.environ.setdefault(CORES, os.environ.get("LOCAL_RANK", "0"))
-    if len(_parse(os.environ[CORES])) != 1:
-        raise RuntimeError("torch-neuronx stand-in: a distributed run takes one NeuronCore per process, got "
-                           + CORES + "=" + os.environ[CORES])
+if "share-core" in MODES and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    os.environ[CORES] = "0"
+_spec = importlib.util.spec_from_file_location("_standin_cores", {core_rule!r})
+_rule = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_rule)  # one core per process in a distributed run, as TorchNeuron demands
+VISIBLE_CORES = _rule.VISIBLE_CORES
 
 
 def device_count():
-    lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
     if "few-cores" in MODES:
         return 1
     visible = os.environ.get(CORES)
-    return len(_parse(visible)) if visible else 8 // lnc
+    return len(_rule._parse(visible)) if visible else 8 // int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 
 
 neuron = types.ModuleType("torch.neuron")
@@ -76,7 +65,7 @@ sys.modules["torch.neuron"] = neuron
 def _backend(gm, example_inputs):
     cache = os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR", "/var/tmp/neuron-compile-cache")
     if "cache-elsewhere" in MODES:
-        cache = os.path.join(os.environ["FAKE_NEURON_ELSEWHERE"])
+        cache = os.environ["FAKE_NEURON_ELSEWHERE"]
     key = hashlib.sha256(gm.code.encode()).hexdigest()[:16]
     if "no-hit" in MODES:
         key += "-" + str(os.getpid())
@@ -133,11 +122,26 @@ while True:
 '''
 
 
-def install(root: Path, monkeypatch) -> Path:
-    """Write the stand-ins under ``root`` and put them first on PYTHONPATH and PATH; returns ``root``."""
+# What pip would have installed: the Neuron 2.33.0 set for this machine's torch 2.13 (sweep/neuron/versions.py).
+VERSIONS = {"torch-neuronx": "2.13.3.0.1", "neuronx-cc": "2.28.7631.0", "nki": "0.7.0"}
+
+
+def install(root: Path, monkeypatch, versions: dict[str, str] | None = None) -> Path:
+    """Write the stand-ins under ``root`` and put them first on PYTHONPATH and PATH; returns ``root``.
+
+    Their package metadata (``versions``, default :data:`VERSIONS`) goes to ``root/meta``, on this process's
+    sys.path and the children's PYTHONPATH, so ``importlib.metadata`` finds them without their code.
+    """
+    meta = root / "meta"
+    for name, version in (VERSIONS if versions is None else versions).items():
+        info = meta / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(meta))
     pkg = root / "py"
     (pkg / "torch_neuronx").mkdir(parents=True)
-    (pkg / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX)
+    core_rule = Path(__file__).resolve().parent / "neuron_standin" / "torch_neuronx" / "__init__.py"
+    (pkg / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX.format(core_rule=str(core_rule)))
     (pkg / "nki").mkdir()
     (pkg / "nki" / "__init__.py").write_text(NKI)
     bin_dir = root / "bin"
@@ -147,7 +151,8 @@ def install(root: Path, monkeypatch) -> Path:
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     repo = Path(__file__).resolve().parents[1]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg), str(repo), os.environ.get("PYTHONPATH", "")]))
+    path = [str(pkg), str(meta), str(repo), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("NKI_SIMULATOR", "1")
     monkeypatch.setenv("FAKE_NEURON_ELSEWHERE", str(root / "elsewhere"))

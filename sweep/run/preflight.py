@@ -25,6 +25,9 @@ Checks that need the device are skipped (and fail) when ``versions`` or ``device
 printed after the table and written to ``$TRNSWEEP_PREFLIGHT_REPORT`` (default
 ``~/.cache/trnsweep/preflight.json``). The cluster's workers run this before ``ray start``, so a node that
 fails never joins (infra/ray/trn2.yaml).
+
+Long file: the eight checks, each with the one-line failures and fixes a node's operator reads, stay
+together with the plan they share and the report the kernels read, so the whole contract is one page.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import neuron
+from sweep.neuron import versions
 from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.store import artifacts
 
@@ -53,9 +57,10 @@ REPORT_VAR = "TRNSWEEP_PREFLIGHT_REPORT"
 DEFAULT_REPORT = "~/.cache/trnsweep/preflight.json"
 RANKS_VAR = "TRNSWEEP_PREFLIGHT_RANKS"  # where model.preflight_train's ranks write their reports
 TOLERANCE = 2e-2  # bf16 kernels against fp32 PyTorch, relative to the output's magnitude
-NEURON_BIN = "/opt/aws/neuron/bin"
+NEURON_BIN = versions.NEURON_TOOLS_BIN
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUT_S = 600.0
+MONITOR_TIMEOUT_S = 30.0
 LAUNCH_STEPS = 4
 # The launch's model: small enough to compile and train in seconds, real enough to use every op.
 LAUNCH_MODEL = {"depth": 2, "model_dim": 128, "head_dim": 64, "vocab_size": 512, "seq_len": 64, "batch_size": 2,
@@ -172,13 +177,15 @@ def _fix_for(error: str) -> str:
 # -- the checks ---------------------------------------------------------------------------------------
 
 def check_versions(plan: Plan) -> Check:
-    from sweep.neuron import versions
-
-    problems = versions.version_problems()
+    found = versions.installed_versions()
+    problems = versions.problems(found)
+    data = {"installed": found, "pins": versions.PINS}
     if problems:
-        raise CheckFailed("; ".join(problems), "install the pinned Neuron set: pip install -e '.[neuron]' with "
-                          f"--extra-index-url {versions.NEURON_INDEX} (docs/neuron.md)")
-    return Check("versions", True, "compatible: " + ", ".join(f"{k} {v}" for k, v in versions.installed().items()))
+        raise CheckFailed("; ".join(problems), f"pip install {' '.join(repr(r) for r in versions.requirements())} "
+                          f"--extra-index-url {versions.NEURON_PIP_INDEX}, or use the venv {versions.DLAMI_VENV}",
+                          data)
+    shown = ", ".join(f"{k} {v}" for k, v in found.items())
+    return Check("versions", True, f"Neuron {versions.NEURON_SDK} set: {shown}", data=data)
 
 
 def check_neuron_ls(plan: Plan) -> Check:
@@ -328,7 +335,8 @@ def check_compile_cache(plan: Plan) -> Check:
         raise CheckFailed(f"a fresh graph compiled but wrote no NEFF under {loc.neff_dir}",
                           f"TorchNeuron must see {neuron.NEFF_CACHE_VAR}={loc.neff_dir} (sweep/neuron/cache.py)", data)
     if runs[1]["new_neffs"]:
-        raise CheckFailed(f"the second compile of the same graph wrote {runs[1]['new_neffs']} new NEFF(s): no cache hit",
+        raise CheckFailed(f"the second compile of the same graph wrote {runs[1]['new_neffs']} new NEFF(s): "
+                          "no cache hit",
                           f"check that {neuron.NEFF_CACHE_VAR} is not disabled ({neuron.NEFF_DISABLE_VAR}) and that "
                           "neuronx-cc flags are the same in both runs", data)
     return Check("compile_cache", True, f"miss then hit ({runs[0]['seconds']} s, then {runs[1]['seconds']} s); "
@@ -361,7 +369,7 @@ def check_kernels(plan: Plan) -> Check:
 
 def check_monitor(plan: Plan) -> Check:
     try:
-        report = neuron.monitor_once()
+        report = neuron.monitor_once(timeout=MONITOR_TIMEOUT_S)
     except RuntimeError as e:
         fix = (f"export PATH={NEURON_BIN}:$PATH (infra's cluster.env does)" if "not on PATH" in str(e)
                else "run neuron-monitor by hand; reinstall aws-neuronx-tools")
