@@ -34,8 +34,8 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from model import collective, faults  # noqa: E402
 from model import device as devices  # noqa: E402
-from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.data import BatchLoader, DataError, check_scoring, load_dataset, validation_batches  # noqa: E402
 from model.democore import resolve_bundle  # noqa: E402
@@ -149,18 +149,14 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], world_size: int) -> None
 def _agree_on_stop(code: int, rt: devices.Runtime) -> int:
     if rt.world_size == 1:
         return code
-    t = torch.tensor([code], dtype=torch.int64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return max(row[0] for row in collective.gather_ints([code], rt.device))
 
 
 def _same_on_all_ranks(value: int, rt: devices.Runtime) -> bool:
     """Whether an integer (a batch digest, 62 bits) is the same on every rank: the data's one collective."""
     if rt.world_size == 1:
         return True
-    t = torch.tensor([value, -value], dtype=torch.int64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [max, -min]
-    return t.tolist() == [value, -value]
+    return all(row == [value] for row in collective.gather_ints([value], rt.device))
 
 
 def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
@@ -171,9 +167,9 @@ def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
     """
     if rt.world_size == 1:
         return code
-    t = torch.tensor([float(code), clock.charged_s, clock.startup_s], dtype=torch.float64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    code_f, clock.charged_s, clock.startup_s = t.tolist()
+    # Exact float64 MAX without float64 on the device (model.collective).
+    code_f, clock.charged_s, clock.startup_s = collective.max_floats([float(code), clock.charged_s, clock.startup_s],
+                                                                     rt.device)
     return int(code_f)
 
 

@@ -20,11 +20,13 @@ from typing import Any
 from sweep.neuron.cache import (
     MIN_CACHE_FREE_BYTES,
     NEFF_DISABLE_VAR,
+    PUSH_MIN_AGE_S,
     CacheLocation,
     cache_entries,
     cache_location,
     cache_outcome,
     compile_seconds,
+    run_sync,
 )
 from sweep.neuron.graph import ATTR_GRAPH_KEY, graph_key
 from sweep.neuron.launch import (
@@ -60,11 +62,13 @@ class TrialLaunch:
     cache_before: set[str] = field(default_factory=set)
     sampler: MonitorSampler | None = None
     rank_module: str | None = None  # torchrun runs this in each rank (it narrows the cores, then the trainer)
+    sync: Callable[[str, str, float], str | None] = run_sync  # S3 <-> the NEFF mirror (cache.run_sync)
 
     @classmethod
     def prepare(cls, config: Mapping[str, Any], default_ranks: int, task_env: Mapping[str, str],
                 compile_cache: str = "", node_env: Mapping[str, str] | None = None,
-                pids: Callable[[], Iterable[int]] | None = None, workdir: Path | None = None) -> TrialLaunch:
+                pids: Callable[[], Iterable[int]] | None = None, workdir: Path | None = None,
+                sync: Callable[[str, str, float], str | None] | None = None) -> TrialLaunch:
         node_env = dict(os.environ if node_env is None else node_env)
         env = {**node_env, **task_env}
         ranks, lnc, flags = launch_values(config, default_ranks, task_env)
@@ -72,6 +76,8 @@ class TrialLaunch:
         with contextlib.suppress(ValueError, TypeError):  # a mistyped config is the trainer's to refuse
             attrs[ATTR_GRAPH_KEY] = graph_key(config, default_ranks, task_env)
         launch = cls({k: v for k, v in config.items() if k not in LAUNCH_KEYS}, ranks, attrs=attrs)
+        if sync is not None:
+            launch.sync = sync
         if lnc is not None:
             launch.env[LNC_VAR] = str(lnc)
             attrs["launch_lnc"] = lnc
@@ -111,6 +117,10 @@ class TrialLaunch:
         except OSError as e:
             self.attrs["compile_cache_error"] = f"{type(e).__name__}: {e}"[:300]
             return
+        if loc.remote:  # what other nodes compiled, before the trainer looks
+            error = self.sync(loc.remote, loc.neff_dir, 0.0)
+            if error:
+                self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
         if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
             self.env[NEFF_DISABLE_VAR] = "1"
             self.attrs["compile_cache_error"] = f"cache disabled: {free / 1024**3:.1f} GiB free under {dirs[0]}"
@@ -128,6 +138,10 @@ class TrialLaunch:
         if self.cache is not None and rec.get("device", "neuron") == "neuron":
             compiled = first_step_unix is not None or bool(rec.get("steps"))
             self.attrs.update(cache_outcome(self.cache_before, cache_entries(self.cache.local_dirs()), compiled))
+            if self.cache.remote and compiled:  # share what this trial compiled
+                error = self.sync(self.cache.neff_dir, self.cache.remote, PUSH_MIN_AGE_S)
+                if error:
+                    self.attrs["compile_cache_error"] = f"push: {error}"[:300]
         secs = compile_seconds(rec)
         if secs is not None:
             self.attrs["compile_seconds"] = secs

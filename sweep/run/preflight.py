@@ -50,6 +50,7 @@ from typing import Any, TextIO
 
 from sweep import neuron
 from sweep.neuron import versions
+from sweep.neuron.monitor import monitor_once
 from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.store import artifacts
 
@@ -369,7 +370,7 @@ def check_kernels(plan: Plan) -> Check:
 
 def check_monitor(plan: Plan) -> Check:
     try:
-        report = neuron.monitor_once(timeout=MONITOR_TIMEOUT_S)
+        report = monitor_once(timeout=MONITOR_TIMEOUT_S)
     except RuntimeError as e:
         fix = (f"export PATH={NEURON_BIN}:$PATH (infra's cluster.env does)" if "not on PATH" in str(e)
                else "run neuron-monitor by hand; reinstall aws-neuronx-tools")

@@ -334,9 +334,10 @@ def test_cache_locations_follow_the_node_layout(tmp_path):
     node = {neuron.NODE_CACHE_VAR: "/home/u/neuron-cache", neuron.NEFF_CACHE_VAR: "/home/u/neuron-cache/neff",
             neuron.XLA_CACHE_VAR: "/home/u/neuron-cache/xla"}  # what infra's cluster.env exports
     assert neuron.cache_location("", node).env() == {k: node[k] for k in (neuron.NEFF_CACHE_VAR, neuron.XLA_CACHE_VAR)}
-    s3 = neuron.cache_location("s3://bkt/neuron-cache/", node)
-    assert s3.env() == {neuron.NEFF_CACHE_VAR: "/home/u/neuron-cache/neff",
+    s3 = neuron.cache_location("s3://bkt/neuron-cache/", node)  # TorchNeuron takes no URL: a node mirror
+    assert s3.env() == {neuron.NEFF_CACHE_VAR: "/home/u/neuron-cache-s3/bkt/neuron-cache/neff",
                         neuron.XLA_CACHE_VAR: "s3://bkt/neuron-cache/xla"} and s3.local_dirs() == [s3.neff_dir]
+    assert s3.remote == "s3://bkt/neuron-cache/neff"
     shared = neuron.cache_location("/fsx/cache", {})
     assert shared.kind == "shared" and shared.env()[neuron.NEFF_CACHE_VAR] == "/fsx/cache/neff"
     assert neuron.cache_location("", {}).neff_dir == f"{neuron.DEFAULT_NODE_CACHE}/neff"
