@@ -297,7 +297,7 @@ def fs_type(path: str, mounts: str = "/proc/mounts") -> str:
 def cache_sharing(loc: neuron.CacheLocation, env: Mapping[str, str]) -> tuple[bool, str]:
     """Whether other nodes see this cache, and how."""
     if loc.kind == "s3":
-        return True, f"NEFFs in {loc.neff_dir} on this node; the XLA cache in {loc.xla_url}"
+        return True, f"NEFFs mirrored in {loc.neff_dir}, pulled from and pushed to {loc.remote} by each trial"
     if loc.kind == "shared":
         kind = fs_type(loc.neff_dir)
         return kind in NETWORK_FS or kind.startswith("fuse."), f"{loc.root} on a {kind or 'unknown'} file system"
