@@ -23,7 +23,8 @@ one line saying what fixes it, and the exit code is 1 (0 when all pass, 2 for ba
 Checks that need the device are skipped (and fail) when ``versions`` or ``device`` failed. The report
 (``{"ok", "lnc", "ranks", "study", "node", "checks": [{"name", "ok", "detail", "fix", ...}], ...}``) is
 printed after the table and written to ``$TRNSWEEP_PREFLIGHT_REPORT`` (default
-``~/.cache/trnsweep/preflight.json``). The cluster's workers run this before ``ray start``, so a node that
+``~/.cache/trnsweep/preflight.json``); the launch's working files (its ``trainer.log``) stay in
+``preflight-work/`` beside it until the next run. The cluster's workers run this before ``ray start``, so a node that
 fails never joins (infra/ray/trn2.yaml).
 
 Long file: the eight checks, each with the one-line failures and fixes a node's operator reads, stay
@@ -487,10 +488,12 @@ def main(spec: Any, url: str | None, args: argparse.Namespace, out: TextIO) -> i
     except (ValueError, neuron.LaunchError) as e:
         raise UsageError(str(e)) from None
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="trnsweep-preflight-") as tmp:
-        checks = run_checks(plan, Path(tmp))
-    report = report_of(plan, checks, time.monotonic() - t0)
     path = report_path()
+    workdir = path.parent / "preflight-work"  # the launch's trainer.log stays here for the fix to point at
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    checks = run_checks(plan, workdir)
+    report = report_of(plan, checks, time.monotonic() - t0)
     write_report(report, path)
     print_table(checks, out)
     print(json.dumps(report, default=str), file=out, flush=True)
