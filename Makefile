@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # The CPU wheel of this release lies on the build machines' disk; a looser pin downloads gigabytes.
+# trn2 workers do not use it: they take torch 2.14.0 from the TorchNeuron DLAMI's venv (the pinned Neuron
+# set, sweep/neuron/versions.py); 2.13.0 is itself a TorchNeuron torch (docs/neuron.md, "Install").
 TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=

@@ -74,10 +74,14 @@ from sweep.neuron.launch import (
     to_trial_lnc,
 )
 from sweep.neuron.monitor import (
+    ATTR_TOOLS_MISSING,
     MONITOR_CONFIG,
+    TOOL_DIRS,
     Device,
     MonitorSampler,
     check_node,
+    find_tool,
+    missing_tool,
     monitor_sample,
     neuron_ls,
     parse_neuron_ls,
@@ -85,13 +89,13 @@ from sweep.neuron.monitor import (
 from sweep.neuron.trial import TrialLaunch
 
 __all__ = [
-    "ATTR_GRAPH_CACHE", "ATTR_GRAPH_KEY", "ATTR_PRECOMPILED", "CC_FLAGS_VAR", "CORES_PER_CHIP", "CORES_VAR",
-    "DEFAULT_NODE_CACHE", "DEFAULT_NODE_LNC", "GRAPH_DEFAULTS", "GRAPH_INPUTS", "LAUNCH_KEYS", "LNC_VALUES",
-    "LNC_VAR", "MAX_CHIPS", "MIN_CACHE_FREE_BYTES", "MONITOR_CONFIG", "NEFF_CACHE_VAR", "NEFF_DISABLE_VAR",
-    "NODE_CACHE_VAR", "NOT_IN_GRAPH_KEY", "PUSH_MIN_AGE_S", "RANK_CORES_VAR", "RANK_MODULE", "TRAINER_DEFAULTS",
-    "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device", "LaunchError", "MonitorSampler", "TrialLaunch",
-    "cache_entries", "cache_location", "cache_outcome", "check_node", "check_spec", "chip_cores", "compile_seconds",
-    "format_cores", "graph_key", "graph_shape", "launch_values", "map_ranks", "monitor_sample", "neuron_ls",
-    "parse_cores", "parse_neuron_ls", "rank_env", "run_sync", "sync_command", "resolved_model", "spec_fit",
-    "split_flags", "to_trial_lnc", "trainer_defaults",
+    "ATTR_GRAPH_CACHE", "ATTR_GRAPH_KEY", "ATTR_PRECOMPILED", "ATTR_TOOLS_MISSING", "TOOL_DIRS", "find_tool",
+    "missing_tool", "CC_FLAGS_VAR", "CORES_PER_CHIP", "CORES_VAR", "DEFAULT_NODE_CACHE", "DEFAULT_NODE_LNC",
+    "GRAPH_DEFAULTS", "GRAPH_INPUTS", "LAUNCH_KEYS", "LNC_VALUES", "LNC_VAR", "MAX_CHIPS", "MIN_CACHE_FREE_BYTES",
+    "MONITOR_CONFIG", "NEFF_CACHE_VAR", "NEFF_DISABLE_VAR", "NODE_CACHE_VAR", "NOT_IN_GRAPH_KEY", "PUSH_MIN_AGE_S",
+    "RANK_CORES_VAR", "RANK_MODULE", "TRAINER_DEFAULTS", "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device",
+    "LaunchError", "MonitorSampler", "TrialLaunch", "cache_entries", "cache_location", "cache_outcome", "check_node",
+    "check_spec", "chip_cores", "compile_seconds", "format_cores", "graph_key", "graph_shape", "launch_values",
+    "map_ranks", "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "rank_env", "run_sync",
+    "sync_command", "resolved_model", "spec_fit", "split_flags", "to_trial_lnc", "trainer_defaults",
 ]

@@ -43,7 +43,7 @@ from sweep.neuron.launch import (
     parse_cores,
     to_trial_lnc,
 )
-from sweep.neuron.monitor import MonitorSampler, check_node, neuron_ls
+from sweep.neuron.monitor import ATTR_TOOLS_MISSING, MonitorSampler, check_node, find_tool, neuron_ls
 
 
 @dataclass
@@ -91,6 +91,8 @@ class TrialLaunch:
             devices = neuron_ls(node_env)
             if devices is not None:
                 attrs.update(check_node(devices, assigned))
+            elif find_tool("neuron-ls", node_env) is None:
+                attrs.setdefault(ATTR_TOOLS_MISSING, []).append("neuron-ls")
             trial_lnc = lnc or node_lnc
             rank_cores = map_ranks(to_trial_lnc(assigned, node_lnc, trial_lnc), ranks, trial_lnc)
             launch.env[CORES_VAR] = format_cores(rank_cores)
@@ -128,6 +130,8 @@ class TrialLaunch:
 
     def started(self) -> None:
         if self.sampler is not None and not self.sampler.start():
+            if self.sampler.missing:
+                self.attrs.setdefault(ATTR_TOOLS_MISSING, []).append("neuron-monitor")
             self.sampler = None
 
     def finished(self, record: Mapping[str, Any] | None, launch_unix: float | None,

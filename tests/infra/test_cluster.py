@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import boto3
@@ -22,6 +23,7 @@ import yaml
 from infra import cluster, network
 from infra.aws import BadInput, InfraError
 from infra.cli import main
+from sweep.neuron import versions
 
 REGION = "us-east-2"
 AMI = "ami-0123456789abcdef0"
@@ -71,8 +73,12 @@ def test_rendered_config_details(tmp_path):
     assert "bash ~/trnsweep/infra/ray/head_postgres.sh" in cfg["head_setup_commands"]
     start = " ".join(cfg["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in start and "cluster.env" in start
-    assert "'torch==2.13.0'" in " ".join(cfg["worker_setup_commands"])
-    assert "pip.repos.neuron.amazonaws.com" in " ".join(cfg["worker_setup_commands"])
+    assert "TORCH_PIN='torch==2.13.0'" in " ".join(cfg["head_setup_commands"])  # the head: CPU torch
+    workers = " ".join(cfg["worker_setup_commands"])  # trn2: the TorchNeuron DLAMI's venv, then the pinned extra
+    assert "make install" not in workers and "torch==2.13.0" not in workers
+    assert f"worker_venv.sh '{versions.DLAMI_VENV}'" in workers and "-e '.[neuron]'" in workers
+    assert "pip.repos.neuron.amazonaws.com" in workers
+    assert workers.index("worker_venv.sh") < workers.index("pip install")
     text = yaml.safe_dump(cfg)
     assert "@" not in text.replace("user@", "")  # no placeholder left
 
@@ -211,8 +217,39 @@ def test_cli_render(moto_aws, tmp_path, capsys):
 
 
 def test_node_scripts_parse():
-    for script in ("head_postgres.sh", "node_sync.sh"):
+    for script in ("head_postgres.sh", "node_sync.sh", "worker_venv.sh"):
         subprocess.run(["bash", "-n", str(cluster.TEMPLATE.parent / script)], check=True)
+
+
+def test_nodes_have_the_neuron_tools_on_path(tmp_path):
+    env = cluster.env_file(options(tmp_path))
+    assert 'export PATH="$PATH:/opt/aws/neuron/bin"' in env
+    assert "TORCH_NEURONX_NEFF_CACHE_DIR" in env
+    out = subprocess.run(["bash", "-c", f"PATH=/usr/bin:/bin; HOME={tmp_path}; {env}\necho $PATH"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip().split(":")[-1] == "/opt/aws/neuron/bin"
+
+
+def test_worker_venv_sees_the_dlami_venvs_packages_without_writing_to_it(tmp_path):
+    """A stand-in DLAMI venv holding a package; the worker's venv imports it from there."""
+    dlami = tmp_path / "opt" / "aws_neuronx_venv_torch_neuronx_2_14_0"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dlami)], check=True)
+    site = subprocess.run([str(dlami / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "torch_neuronx_standin_marker.py").write_text("FROM = 'dlami'\n")
+    before = sorted(p.name for p in Path(site).iterdir())
+    venv = tmp_path / "trnsweep" / ".venv"
+    script = str(cluster.TEMPLATE.parent / "worker_venv.sh")
+    for _ in range(2):  # idempotent: setup commands run again on every `ray up`
+        subprocess.run(["bash", script, str(dlami), str(venv)], check=True, capture_output=True)
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import torch_neuronx_standin_marker as m, sys; print(m.FROM, m.__file__, sys.prefix)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "dlami" and out[1].startswith(site) and out[2] == str(venv)
+    assert sorted(p.name for p in Path(site).iterdir()) == before  # nothing written into the DLAMI's venv
+    missing = subprocess.run(["bash", script, str(tmp_path / "nope"), str(venv)], capture_output=True, text=True)
+    assert missing.returncode == 1 and "boot the TorchNeuron DLAMI" in missing.stderr
 
 
 def _local_postgres() -> bool:
