@@ -161,9 +161,9 @@ def monitor_once(env: Mapping[str, str] | None = None, timeout: float = 30.0,
     ``timeout`` seconds is a node whose trials would record no utilisation.
     """
     env = dict(os.environ if env is None else env)
-    exe = shutil.which("neuron-monitor", path=env.get("PATH"))
+    exe = find_tool("neuron-monitor", env)
     if exe is None:
-        raise RuntimeError("neuron-monitor is not on PATH")
+        raise RuntimeError(f"neuron-monitor is not on PATH or in {os.pathsep.join(TOOL_DIRS)}")
     fd, config = tempfile.mkstemp(prefix="neuron-monitor-", suffix=".json", dir=config_dir)
     with os.fdopen(fd, "w") as f:
         json.dump(MONITOR_CONFIG, f)

@@ -51,7 +51,7 @@ from typing import Any, TextIO
 
 from sweep import neuron
 from sweep.neuron import versions
-from sweep.neuron.monitor import monitor_once
+from sweep.neuron.monitor import find_tool, monitor_once
 from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.store import artifacts
 
@@ -60,6 +60,7 @@ DEFAULT_REPORT = "~/.cache/trnsweep/preflight.json"
 RANKS_VAR = "TRNSWEEP_PREFLIGHT_RANKS"  # where model.preflight_train's ranks write their reports
 TOLERANCE = 2e-2  # bf16 kernels against fp32 PyTorch, relative to the output's magnitude
 NEURON_BIN = versions.NEURON_TOOLS_BIN
+TOOLS_FIX = f"install aws-neuronx-tools (the Neuron DLAMI has it in {NEURON_BIN}) or put its directory on PATH"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUT_S = 600.0
 MONITOR_TIMEOUT_S = 30.0
@@ -191,8 +192,8 @@ def check_versions(plan: Plan) -> Check:
 
 
 def check_neuron_ls(plan: Plan) -> Check:
-    if shutil.which("neuron-ls") is None:
-        raise CheckFailed("neuron-ls is not on PATH", f"export PATH={NEURON_BIN}:$PATH (infra's cluster.env does)")
+    if find_tool("neuron-ls") is None:
+        raise CheckFailed(f"neuron-ls is not on PATH or in {NEURON_BIN}", TOOLS_FIX)
     devices = neuron.neuron_ls()
     if not devices:
         raise CheckFailed("neuron-ls shows no Neuron device (or failed)",
@@ -373,8 +374,7 @@ def check_monitor(plan: Plan) -> Check:
     try:
         report = monitor_once(timeout=MONITOR_TIMEOUT_S)
     except RuntimeError as e:
-        fix = (f"export PATH={NEURON_BIN}:$PATH (infra's cluster.env does)" if "not on PATH" in str(e)
-               else "run neuron-monitor by hand; reinstall aws-neuronx-tools")
+        fix = TOOLS_FIX if "not on PATH" in str(e) else "run neuron-monitor by hand; reinstall aws-neuronx-tools"
         raise CheckFailed(str(e), fix) from None
     hw = report.get("neuron_hardware_info") or {}
     return Check("monitor", True, f"one report: {hw.get('neuron_device_count', '?')} device(s) x "

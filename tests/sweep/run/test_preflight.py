@@ -152,7 +152,7 @@ def test_neuron_ls_off_path_and_too_few_cores(node, monkeypatch):
     assert c.detail == "neuron-ls shows 8 core(s) at LNC 2; the spec reserves 16"
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if "standins" not in p))
     c = failed(pf.check_neuron_ls, plan(node))
-    assert c.detail == "neuron-ls is not on PATH" and "/opt/aws/neuron/bin" in c.fix
+    assert c.detail == "neuron-ls is not on PATH or in /opt/aws/neuron/bin" and "aws-neuronx-tools" in c.fix
 
 
 @pytest.mark.parametrize("mode,message", [("unavailable", "torch.neuron.is_available() is False"),
@@ -214,7 +214,7 @@ def test_monitor_silent_or_missing(node, monkeypatch):
     assert failed(pf.check_monitor, plan(node)).detail == "neuron-monitor printed nothing in 1 s"
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if "standins" not in p))
     c = failed(pf.check_monitor, plan(node))
-    assert c.detail == "neuron-monitor is not on PATH" and "/opt/aws/neuron/bin" in c.fix
+    assert c.detail == "neuron-monitor is not on PATH or in /opt/aws/neuron/bin" and "aws-neuronx-tools" in c.fix
 
 
 def test_artifacts_bucket_missing_or_denied(node, s3, monkeypatch):
