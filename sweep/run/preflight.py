@@ -141,8 +141,10 @@ def plan_for(spec: Any, lnc: int | None = None, env: Mapping[str, str] | None = 
 # -- running the device side --------------------------------------------------------------------------
 
 def child_env(plan: Plan, extra: Mapping[str, str] | None = None, cores: str | None = None) -> dict[str, str]:
-    """A child's environment: this one, the spec's trial.env, the spec's LNC and the repository importable."""
+    """A child's environment: this one, the spec's trial.env, LNC and compiler flags, the repository importable."""
     env = {**os.environ, **plan.env, neuron.LNC_VAR: str(plan.lnc), **(extra or {})}
+    if plan.flags:  # the trials' compiles use them, so the cache check's must too
+        env[neuron.CC_FLAGS_VAR] = plan.flags
     env.pop(neuron.CORES_VAR, None)
     if cores is not None:
         env[neuron.CORES_VAR] = cores

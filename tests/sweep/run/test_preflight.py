@@ -231,3 +231,12 @@ def test_fs_type_reads_the_longest_mount(tmp_path):
     mounts.write_text("/dev/root / ext4 rw 0 0\nfs-1.efs:/ /fsx nfs4 rw 0 0\n")
     assert pf.fs_type("/fsx/neuron-cache", str(mounts)) == "nfs4"
     assert pf.fs_type("/fsxx", str(mounts)) == "ext4"
+
+
+def test_children_get_the_trials_lnc_flags_and_one_core(node, monkeypatch):
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-3")  # whatever this shell holds, a probe holds only its own
+    env = pf.child_env(replace(plan(node), flags="--optlevel=1", env={"NEURON_RT_ASYNC": "1"}), cores="0")
+    assert (env["NEURON_LOGICAL_NC_CONFIG"], env["NEURON_CC_FLAGS"], env["NEURON_RT_VISIBLE_CORES"]) == \
+        ("2", "--optlevel=1", "0")
+    assert env["NEURON_RT_ASYNC"] == "1" and str(pf.REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep)
+    assert "NEURON_RT_VISIBLE_CORES" not in pf.child_env(plan(node))
