@@ -153,6 +153,48 @@ def monitor_sample(report: Mapping[str, Any], pids: set[int] | None = None) -> t
     return (utils, device, host) if found else None
 
 
+def monitor_once(env: Mapping[str, str] | None = None, timeout: float = 30.0,
+                 config_dir: str | None = None) -> dict[str, Any]:
+    """The first report ``neuron-monitor`` prints with :data:`MONITOR_CONFIG`; raises RuntimeError saying why not.
+
+    Used by the preflight: a tool that is missing, exits, prints no JSON object or stays silent past
+    ``timeout`` seconds is a node whose trials would record no utilisation.
+    """
+    env = dict(os.environ if env is None else env)
+    exe = find_tool("neuron-monitor", env)
+    if exe is None:
+        raise RuntimeError(f"neuron-monitor is not on PATH or in {os.pathsep.join(TOOL_DIRS)}")
+    fd, config = tempfile.mkstemp(prefix="neuron-monitor-", suffix=".json", dir=config_dir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(MONITOR_CONFIG, f)
+    proc = subprocess.Popen([exe, "-c", config], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env)
+    lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()) if proc.stdout else None,
+                              daemon=True)
+    reader.start()
+    reader.join(timeout)
+    try:
+        if reader.is_alive() or not lines or not lines[0]:
+            code = proc.poll()
+            why = f"exited with {code}" if code is not None else f"printed nothing in {timeout:g} s"
+            raise RuntimeError(f"neuron-monitor {why}")
+        try:
+            report = json.loads(lines[0])
+        except ValueError:
+            raise RuntimeError(f"neuron-monitor printed no JSON: {lines[0][:120]!r}") from None
+        if not isinstance(report, dict):
+            raise RuntimeError("neuron-monitor printed JSON that is not a report object")
+        return report
+    finally:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            os.unlink(config)
+
+
 class MonitorSampler:
     """Runs ``neuron-monitor`` beside a trial and summarises the trial's share of its reports."""
 

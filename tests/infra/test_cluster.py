@@ -298,3 +298,27 @@ def test_scale_requests_one_bundle_per_worker(monkeypatch, capsys):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "4")
     assert main(["scale", "--workers", "1"]) == 2
     assert "must be 1 or 2" in capsys.readouterr().err
+
+
+def test_a_worker_runs_the_preflight_before_ray_start_and_stays_out_when_it_fails(tmp_path):
+    """The rendered start commands, run by bash against a stand-in venv: the preflight's exit decides."""
+    types = cluster.render(options(tmp_path))["available_node_types"]
+    start = yaml.safe_load(cluster.TEMPLATE.read_text())["worker_start_ray_commands"]
+    at = [i for i, c in enumerate(start) if "-m sweep preflight" in c]
+    ray_start = [i for i, c in enumerate(start) if "ray start" in c]
+    assert len(at) == 1 and ray_start and at[0] < min(ray_start) and "ray stop" in start[0]
+    assert types["trn2-3xlarge"]["resources"]["neuron_cores"] == 4  # what a node that passes advertises
+    home = tmp_path / "home"
+    venv = home / "trnsweep" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (home / "trnsweep" / "cluster.env").write_text("export TRNSWEEP_PREFLIGHT_STUDY=phase1\n")
+    (venv / "python").write_text('#!/bin/sh\necho "$@" > "$HOME/args"\necho "preflight failed at kernels" >&2\n'
+                                 'exit "$FAKE_RC"\n')
+    (venv / "python").chmod(0o755)
+    for rc in (0, 1):
+        env = {"HOME": str(home), "PATH": os.environ["PATH"], "FAKE_RC": str(rc)}
+        run = subprocess.run(["bash", "-c", start[at[0]]], env=env, capture_output=True, text=True)
+        assert run.returncode == rc, run.stderr
+        assert (home / "args").read_text().split() == ["-m", "sweep", "preflight", "phase1"]
+        assert ("preflight failed at kernels" in run.stderr) == bool(rc)
+        assert (home / ".cache" / "trnsweep" / "preflight.log").exists()
