@@ -7,20 +7,8 @@ import sys
 
 import pytest
 
-import kernels
 from kernels import _nki
-
-
-def use_fake_nki(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Swap the NumPy stand-in in for the nki package, in simulator mode, with the kernels module reloaded."""
-    from kernels import _fake_nki
-
-    for name in ("nki", "nl", "nisa"):
-        monkeypatch.setattr(_nki, name, getattr(_fake_nki, name))
-    monkeypatch.setattr(_nki, "NKI_AVAILABLE", True)
-    monkeypatch.setenv("NKI_SIMULATOR", "1")
-    monkeypatch.setattr(_nki, "_kernels", None)
-    sys.modules.pop("kernels.nki_kernels", None)
+from tests.nki_standin import forget_kernels_module, use_fake_nki
 
 
 @pytest.fixture(params=["fake", "simulator"])
@@ -36,9 +24,7 @@ def nki_cpu(request, monkeypatch):
     else:
         use_fake_nki(monkeypatch)
     yield request.param
-    sys.modules.pop("kernels.nki_kernels", None)
-    if hasattr(kernels, "nki_kernels"):
-        delattr(kernels, "nki_kernels")
+    forget_kernels_module()
 
 
 @pytest.fixture
@@ -48,9 +34,7 @@ def fake_nki(monkeypatch):
     from kernels import _fake_nki
 
     yield _fake_nki
-    sys.modules.pop("kernels.nki_kernels", None)
-    if hasattr(kernels, "nki_kernels"):
-        delattr(kernels, "nki_kernels")
+    forget_kernels_module()
 
 
 @pytest.fixture(params=["1", "2"])
