@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.neuron import neuron_available
+from kernels.neuron import logical_cores, neuron_available
 
 try:  # the single import check; nothing else in the package imports nki at module load
     import nki
@@ -49,26 +49,6 @@ def simulating() -> bool:
 def neuron_device_available() -> bool:
     """Whether a NeuronCore is usable (kernels.neuron's check; a function here so tests can stand one in)."""
     return neuron_available()
-
-
-# trn2's default LNC: the runtime groups two physical cores per logical core unless NEURON_LOGICAL_NC_CONFIG
-# says otherwise (docs: about-neuron/arch/neuron-features/logical-neuroncore-config), and neuronx-cc compiles
-# at LNC=2 on Trn2 and later by default, while an NKI kernel called without a degree runs at LNC=1 (docs:
-# compiler/error-codes/EVRF066: the mismatch fails compilation).
-TRN2_DEFAULT_LNC = 2
-
-
-def logical_cores() -> int:
-    """The kernels' LNC degree: NEURON_LOGICAL_NC_CONFIG (1 or 2), and trn2's default of 2 when it is unset.
-
-    It must equal the degree the graph compiles at, or neuronx-cc refuses the kernel (NCC_EVRF066).
-    """
-    value = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip()
-    if not value:
-        return TRN2_DEFAULT_LNC
-    if value not in ("1", "2"):
-        raise ValueError(f"NEURON_LOGICAL_NC_CONFIG must be 1 or 2, got {value!r}")
-    return int(value)
 
 
 def kernels() -> ModuleType:
