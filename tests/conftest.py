@@ -6,10 +6,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests import pg_cluster
+from tests.pg_cluster import PgCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,11 +109,28 @@ def standin_kit(data_cache, tmp_path_factory) -> Path:
 
 
 
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PgCluster]:
+    """A PostgreSQL server of the module's own (tests.pg_cluster): the one a test may stop or restart."""
+    why = pg_cluster.available()
+    if why:
+        pytest.skip(why)
+    with pg_cluster.pg_cluster() as cluster:
+        yield cluster
+
+
 _EXIT_STATUS: list[int] = []
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The guard that fails a run which restarted the machine's PostgreSQL (tests own their services)."""
+    if not config.pluginmanager.has_plugin("tests.pg_guard"):
+        config.pluginmanager.import_plugin("tests.pg_guard")
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _EXIT_STATUS.append(int(exitstatus))
+    _EXIT_STATUS.append(int(session.exitstatus))  # the guard's verdict included
 
 
 @pytest.hookimpl(trylast=True)
