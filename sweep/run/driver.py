@@ -164,8 +164,8 @@ class Driver:
         else:
             kwargs |= {"include_dashboard": False, "num_cpus": os.cpu_count() or 1,
                        "object_store_memory": 200 * 1024**2}
-            with quiet_local_token_notice():
-                ray.init(**kwargs)
+            with quiet_local_token_notice():  # "local": a new Ray of its own, never the machine's current one
+                ray.init(address="local", **kwargs)
             self._started_ray = True
         missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
         if missing and self._started_ray:
