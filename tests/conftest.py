@@ -138,9 +138,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Leave without the interpreter's teardown once every result is printed.
 
     A full run once ended in a segmentation fault after its summary line (820 passed), in the interpreter's
-    teardown of native libraries (torch, Ray, gRPC threads): the tests had all passed, the exit code did
-    not say so. Exiting here keeps pytest's own status and skips that teardown; the crash itself is
-    still to be found (it did not recur on the runs before it).
+    teardown: the tests had all passed, the exit code did not say so. Exiting here keeps pytest's own
+    status (the PostgreSQL guard's verdict included) and skips that teardown.
+
+    Why it stays: a test that runs Ray in this process (``local_ray``, the fault suite's in-process
+    drivers) leaves native threads running after ``ray.shutdown()``: Ray's GCS client I/O thread
+    (``gcs_client_io_service``) and gRPC core's global threads (timer, executor, resolver, event engine),
+    held by Ray's own C++ objects, beyond the tests' reach. They run on through the interpreter's
+    finalization and the C++ static destructors, the usual ground of a rare crash at exit. What the tests
+    hold themselves is closed (the gRPC proxy test closes its client's channel, whose threads then end);
+    at the end of each group of test files no Python thread but the main one and no child process is left.
+    ``TRNSWEEP_PYTEST_HARD_EXIT=0`` runs the normal teardown (with ``python -X faulthandler`` to see a crash).
     """
     if _EXIT_STATUS and os.environ.get("TRNSWEEP_PYTEST_HARD_EXIT", "1") == "1":
         sys.stdout.flush()

@@ -43,6 +43,7 @@ from tests.pg_cluster import PgCluster
 from tests.sweep_fixtures import (
     ROOT,
     load_trials,
+    local_ray,
     processes_with,
     sweep_cmd,
     sweep_env,
@@ -110,10 +111,8 @@ def ray_cluster() -> Iterator[str]:
     """One local Ray for the module; in-process drivers use it, subprocess drivers join it by address."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
-             namespace="sweep-faults")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    with local_ray("sweep-faults"):
+        yield ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture
@@ -654,6 +653,10 @@ def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypat
         assert [t.value for t in study.get_trials()] == [1.0, 2.0, 3.0]
     finally:
         proxy.close()
-    with pytest.raises(Exception) as info:
-        remote.ask()
-    assert st.is_transient(info.value), info.value  # retried like a database restart, not fatal
+    try:
+        with pytest.raises(Exception) as info:
+            remote.ask()
+        assert st.is_transient(info.value), info.value  # retried like a database restart, not fatal
+    finally:  # the client's channel, which would keep gRPC's threads running to the interpreter's exit
+        worker.close()
+        st.forget_shared()
