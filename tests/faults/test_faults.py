@@ -435,8 +435,12 @@ def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, private_pg, monkeyp
            got["back"] - got["t0"])
 
 
-def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg):
-    sw = make_sweep("f_store_away")
+# FAULTS_FULL=1 cuts the store off behind the gRPC proxy too (the workers reach it through the driver's proxy).
+@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
+def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg, monkeypatch, proxy):
+    sw = make_sweep("f_store_away_proxy" if proxy else "f_store_away")
+    if proxy:
+        monkeypatch.setenv(st.ENV_PROXY, "1")
 
     def outage() -> None:
         private_pg.stop()  # every connection refused until it is back
@@ -444,9 +448,12 @@ def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg):
         private_pg.start()
 
     got = _store_fault(sw, outage)
+    assert "storage: reachable again after" in sw.log, sw.log  # the driver waited it out and said so
+    if proxy:
+        assert "storage proxy: workers use grpc://" in sw.log, sw.log
     # Time to recover: from the store's return to the sweep's first write to it.
-    record(f"store unreachable {OUTAGE_S} s", outcome_text(got["trials"]) + f"; {got['done']} counted",
-           got["lost"], got["back"] - got["t1"])
+    record(f"store unreachable {OUTAGE_S} s" + (" behind the proxy" if proxy else ""),
+           outcome_text(got["trials"]) + f"; {got['done']} counted", got["lost"], got["back"] - got["t1"])
 
 
 def _trainer_fault(make_sweep: Callable[..., Sweep], name: str, fault: str, **kw: Any) -> tuple[Sweep, dict[str, Any]]:
