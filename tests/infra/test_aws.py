@@ -295,13 +295,13 @@ def test_security_group_ssh_from_cidr_and_members_only(aws):
     again = network.ensure(ec2, "demo", ["203.0.113.7/32", "2001:db8::/64"])
     assert not again["created"] and again["group_id"] == out["group_id"]
     perms = ec2.describe_security_groups(GroupIds=[out["group_id"]])["SecurityGroups"][0]["IpPermissions"]
-    open_ports = set()
+    open_ports, members = set(), set()
     for p in perms:
         for r in p.get("IpRanges", []) + p.get("Ipv6Ranges", []):
             open_ports.add((p.get("FromPort"), r.get("CidrIp") or r.get("CidrIpv6")))
-        for g in p.get("UserIdGroupPairs", []):
-            assert p["IpProtocol"] == "-1" and g["GroupId"] == out["group_id"]
+        members |= {(p["IpProtocol"], g["GroupId"]) for g in p.get("UserIdGroupPairs", [])}
     assert open_ports == {(22, "203.0.113.7/32"), (22, "2001:db8::/64")}
+    assert members == {("-1", out["group_id"])}  # every port between the group's own members, and no one else
     assert network.ensure(ec2, "demo", ["0.0.0.0/0"])["warning"]
     with pytest.raises(BadInput, match="not an IPv4/IPv6 network"):
         network.ensure(ec2, "demo", ["my-laptop"])
