@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from model import collective
 from model.core import CoreResult, Task, evaluate_core, load_bundle
 from model.data import scoring_set, validation_batches
 
@@ -168,32 +169,36 @@ def evaluate_bpb(
         model.grow_rotary(max(x.size(1) for x, _ in batches))
     try:
         with torch.inference_mode() if fast else torch.no_grad():
-            totals = _score(model, widen(batches, batch_rows), token_bytes.to(device), device, autocast)
-        totals = totals.clone()  # a normal tensor again, which all_reduce may write
+            totals = _score(model, widen(batches, batch_rows), token_bytes, device, autocast).tolist()
     finally:
         model.train(was_training)
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    nats, tokens, nbytes, rows, xx, xy, yy = totals.tolist()
+    if dist.is_initialized():  # model.collective adds them over ranks (a NeuronCore holds no float64)
+        totals = collective.sum_floats(totals, device)
+    nats, tokens, nbytes, rows, xx, xy, yy = totals
     return BpbResult(nats=nats, tokens=int(tokens), bytes=int(nbytes), rows=int(rows), row_moments=(xx, xy, yy))
 
 
-def _score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,
-           device: torch.device, autocast: Any) -> torch.Tensor:
-    """nats, tokens, bytes, rows, and over rows: nats², nats*bytes, bytes²; float64 on `device`."""
-    totals = torch.zeros(7, dtype=torch.float64, device=device)
+def _score(model: torch.nn.Module, batches: Iterable[Batch], token_bytes: torch.Tensor, device: torch.device,
+           autocast: Any) -> torch.Tensor:
+    """nats, tokens, bytes, rows, and over rows: nats², nats*bytes, bytes²; float64 on the host.
+
+    The device only runs the model; the totals are float64 on the host, where the per-token losses are
+    summed exactly as before (a NeuronCore holds no float64)."""
+    token_bytes = token_bytes.cpu()
+    totals = torch.zeros(7, dtype=torch.float64)
     for x, y in batches:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x = x.to(device, non_blocking=True)
         if autocast is None:
-            loss = model(x, y, reduction="none")
+            loss = model(x, y.to(device, non_blocking=True), reduction="none")
         else:
             with autocast:
-                loss = model(x, y, reduction="none")
+                loss = model(x, y.to(device, non_blocking=True), reduction="none")
+        y = y.cpu()
         rows = y.size(0)
         nbytes = torch.where(y >= 0, token_bytes[y.clamp(min=0)], 0).reshape(rows, -1)
         counted = nbytes > 0
         # A mask, not an index: static shapes.
-        row_nats = (loss.double().reshape(rows, -1) * counted).sum(1)
+        row_nats = (loss.detach().cpu().double().reshape(rows, -1) * counted).sum(1)
         row_bytes = nbytes.sum(1).double()
         totals[0] += row_nats.sum()
         totals[1] += counted.sum()

@@ -104,19 +104,22 @@ def started_at(t: Any) -> float | None:
     return t.system_attrs.get(ATTR_STARTED)
 
 
-def overdue(t: Any, wall: float, deadline_s: float, stop_grace_s: float, stale_after_s: float) -> str | None:
-    """Why the driver's own started trial must be cancelled at unix time ``wall``, or None while it is fine."""
+def overdue(t: Any, wall: float, deadline_s: float, stop_grace_s: float, stale_after_s: float,
+            store_back: float = 0.0) -> str | None:
+    """Why the driver's own started trial must be cancelled at unix time ``wall``, or None while it is fine.
+    No heartbeat could be written while the store was away: its silence counts from ``store_back`` at most."""
     started = t.system_attrs[ATTR_STARTED]
     beat_at = t.system_attrs.get(ATTR_HEARTBEAT, started)
     if wall - started > deadline_s + stop_grace_s + stale_after_s:
         return f"hard deadline {deadline_s:g} s exceeded and the supervisor did not stop it"
-    if wall - max(beat_at, started) > stale_after_s:
+    if wall - max(beat_at, started, store_back) > stale_after_s:
         return f"heartbeat lost: none for {wall - max(beat_at, started):.0f} s"
     return None
 
 
-def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str) -> str | None:
-    """Why a RUNNING trial that driver run ``run_id`` does not hold is lost at unix time ``wall``, or None."""
+def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back: float = 0.0) -> str | None:
+    """Why a RUNNING trial that driver run ``run_id`` does not hold is lost at unix time ``wall``, or None.
+    As in :func:`overdue`, a heartbeat's silence counts from ``store_back`` (the store's return) at most."""
     owner = t.system_attrs.get(ATTR_DRIVER) or {}
     if owner.get("run") == run_id:
         return None  # asked by this driver but not in flight: only between ask and submit
@@ -126,7 +129,7 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str) -> str | No
     alive = process_alive(owner) if owner else None
     if alive is False:
         return f"lost: its driver (pid {owner.get('pid')} on {owner.get('host')}) is gone"
-    if beat_at is not None and wall - beat_at > stale_after_s:
+    if beat_at is not None and wall - max(beat_at, store_back) > stale_after_s:
         return f"lost: no heartbeat for {wall - beat_at:.0f} s (worker or driver died)"
     return None
 
