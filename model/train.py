@@ -354,7 +354,9 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         result.update(final_val_bpb(model, ds, run.batch_size, T, run.final_eval_tokens, run.final_eval_rows,
                                     run.eval_seq_len, rt.device, rt.autocast(), rt.rank, rt.world_size, same))
         state.eval_seconds += time.perf_counter() - t0
-        state.eval_tokens += result["val_rows"] * result["val_seq_len"]
+        # A kit that does not say its length scored val_tokens that we know of, at a length we do not.
+        length = result["val_seq_len"]
+        state.eval_tokens += result["val_rows"] * length if length else result["val_tokens"]
         if out_dir is not None and run.save_checkpoint and rt.is_master:
             save_checkpoint(model, out_dir / "final.pt", ds.tokenizer)
             result["checkpoint"] = str(out_dir / "final.pt")
