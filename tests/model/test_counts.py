@@ -53,7 +53,8 @@ def grid() -> list[GPTConfig]:
                       smear=sm, backout=bo, window_pattern=wp, short_window=sw, seq_len=64)
             for depth, dim, kv, ch, sm, bo, wp, sw in [(1, 16, 0, 0, True, True, "S", 0), (4, 64, 2, 12, True, False,
                                                        "SSSL", 0), (5, 32, 0, 32, False, True, "SL", 20),
-                                                      (2, 64, 1, 64, True, True, "ls", 100)]]
+                                                      (2, 64, 1, 64, True, True, "ls", 100),
+                                                      (3, 16, 0, 32, False, False, "L", 0)]]  # gate as wide as d
     return out
 
 
