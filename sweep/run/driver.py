@@ -174,7 +174,8 @@ class Driver:
     def connect_ray(self) -> None:
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized():  # someone else's Ray (a test's, `sweep trial --now`'s driver): watched via its GCS
+            self.watch = self.watch or health.RayWatch(local=False)
             return
         address = os.environ.get("RAY_ADDRESS")
         kwargs: dict[str, Any] = {"namespace": "trnsweep", "log_to_driver": False, "logging_level": logging.WARNING}
@@ -353,6 +354,8 @@ class Driver:
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
+        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
+                 what="claim", url=self.url)
         try:
             params = spec.space.suggest(trial)
         except ConstraintViolation as cv:
@@ -366,10 +369,9 @@ class Driver:
                 self._rejects = 0
             return False
         self._rejects = 0
-        # Only now, every parameter drawn, does the trial get its owner and heartbeat: one whose driver died
-        # before this point never ran and is never re-run with parameters drawn anew (outcome.rerun_params).
-        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
-                 what="claim", url=self.url)
+        # Only now, every parameter drawn, may the trial be run again with them (outcome.rerun_params).
+        st.retry(lambda: liveness.mark_suggested(st.study_storage(study), st.trial_id(trial)),
+                 what="mark suggested", url=self.url)
         self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs)
         return True
 

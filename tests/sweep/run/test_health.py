@@ -131,3 +131,41 @@ def test_counts_leaves_out_infra_failures_of_retries_too():
     lost_retry = create_trial(state=TrialState.FAIL, params={"d": 1}, distributions={"d": IntDistribution(1, 2)},
                               user_attrs={"fail_kind": INFRA, "retry_of": 0})
     assert not counts(lost_retry)
+
+
+# -- the circuit breaker in a real sweep (local Ray, the embedded store) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    from tests.sweep_fixtures import local_ray
+
+    with local_ray("sweep-health"):
+        yield
+
+
+def test_a_sweep_whose_trials_all_fail_alike_stops_before_the_study_is_spent(ray_local, tmp_path, monkeypatch):
+    import io
+
+    from sweep.run.driver import EXIT_STOPPED, Driver
+    from sweep.spec import load
+    from tests.sweep_fixtures import tiny_spec, write_spec
+
+    monkeypatch.setenv(st.ENV_STORAGE, f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv("SWEEP_ARTIFACTS", str(tmp_path / "art"))
+    # Every trainer dies at import: each trial crashes, the same way.
+    spec = write_spec(tmp_path, "breaker", tiny_spec(
+        study={"n_trials": 20, "concurrency": 1, "seed": 0, "max_failures_in_a_row": 3},
+        trial={"budget_s": 2, "eval_timeout_s": 5, "eval_fractions": [0.5], "trainer": "sweep.no_such_trainer"}))
+    out = io.StringIO()
+    rc = Driver(load(spec), out=out, poll_s=0.2).run()
+    log = out.getvalue()
+    assert rc == EXIT_STOPPED, log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("sweep stopped: circuit breaker: 3 trials in a row ended FAIL (crash)"), log
+    assert "[study] max_failures_in_a_row" in last and last.endswith(f"-m sweep run {spec}"), last
+    trials = optuna.load_study(study_name="breaker", storage=st.open_storage(f"journal:{tmp_path / 'j.log'}")
+                               ).get_trials()
+    ran = [t for t in trials if t.state != TrialState.WAITING]
+    assert len(ran) == 3 and all(t.user_attrs["fail_kind"] == "crash" for t in ran), log
+    assert sum(counts(t) for t in trials) == 1  # the study is far from spent: resume once the cause is fixed
