@@ -24,6 +24,7 @@ from sweep.run.outcome import (
     rerun_params,
     reruns_due,
 )
+from tests.sweep_fixtures import wait_for
 
 
 def _server_gone() -> sa_exc.OperationalError:
@@ -136,30 +137,66 @@ def test_counts_leaves_out_infra_failures_of_retries_too():
 # -- the circuit breaker in a real sweep (local Ray, the embedded store) -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    from tests.sweep_fixtures import local_ray
-
-    with local_ray("sweep-health"):
-        yield
-
-
-def test_a_sweep_whose_trials_all_fail_alike_stops_before_the_study_is_spent(ray_local, tmp_path, monkeypatch):
+def _driver(tmp_path, monkeypatch, name: str, study: dict, trial: dict | None = None):
     import io
 
-    from sweep.run.driver import EXIT_STOPPED, Driver
+    from sweep.run.driver import Driver
     from sweep.spec import load
     from tests.sweep_fixtures import tiny_spec, write_spec
 
     monkeypatch.setenv(st.ENV_STORAGE, f"journal:{tmp_path / 'j.log'}")
     monkeypatch.setenv("SWEEP_ARTIFACTS", str(tmp_path / "art"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = write_spec(tmp_path, name, tiny_spec(study=study, **({"trial": trial} if trial else {})))
+    return Driver(load(spec), out=io.StringIO(), poll_s=0.2)
+
+
+def test_on_a_cluster_the_driver_waits_for_nodes_up_to_node_wait_s(tmp_path, monkeypatch):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from sweep.run import driver as drv
+
+    monkeypatch.setattr(drv, "PROBE_EVERY_S", 0.0)
+    d = _driver(tmp_path, monkeypatch, "waits", {"n_trials": 2, "concurrency": 1, "node_wait_s": 3})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # a head that runs no trial
+    try:
+        worker = cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, namespace="sweep-health", log_to_driver=False)
+        d.open_study()
+        d.connect_ray()
+        assert not d.watch.local and d.check_ray()
+        t = d.study.ask()
+        assert d.lost_to_infra(t.number, t._trial_id, "lost to the infrastructure: its node died")
+        cluster.remove_node(worker)
+        wait_for(lambda: d.watch.fits({"CPU": 1.0}) is False, 60, what="the node to be gone")
+        assert not d.check_ray()  # no node can hold a trial: launch nothing, wait
+        assert "waiting up to 3 s for nodes ([study] node_wait_s)" in d.out.getvalue()
+        cluster.add_node(num_cpus=1)
+        wait_for(d.check_ray, 60, what="the driver to launch again")
+        assert "nodes are back" in d.out.getvalue()
+        d.lost_to_infra(d.study.ask().number, d.study.get_trials()[-1]._trial_id, "lost again")
+        for n in list(cluster.worker_nodes):
+            cluster.remove_node(n)
+        with pytest.raises(drv.SweepStopped, match=r"no live Ray node can hold a trial for 3 s \(\[study\] node_w"):
+            wait_for(lambda: d.check_ray() and False, 60, what="the wait to run out")
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_sweep_whose_trials_all_fail_alike_stops_before_the_study_is_spent(tmp_path, monkeypatch):
+    from sweep.run.driver import EXIT_STOPPED
+    from tests.sweep_fixtures import local_ray
+
     # Every trainer dies at import: each trial crashes, the same way.
-    spec = write_spec(tmp_path, "breaker", tiny_spec(
-        study={"n_trials": 20, "concurrency": 1, "seed": 0, "max_failures_in_a_row": 3},
-        trial={"budget_s": 2, "eval_timeout_s": 5, "eval_fractions": [0.5], "trainer": "sweep.no_such_trainer"}))
-    out = io.StringIO()
-    rc = Driver(load(spec), out=out, poll_s=0.2).run()
-    log = out.getvalue()
+    d = _driver(tmp_path, monkeypatch, "breaker", {"n_trials": 20, "concurrency": 1, "seed": 0,
+                                                   "max_failures_in_a_row": 3},
+                {"budget_s": 2, "eval_timeout_s": 5, "eval_fractions": [0.5], "trainer": "sweep.no_such_trainer"})
+    spec = d.spec.path
+    with local_ray("sweep-health"):
+        rc = d.run()
+    log = d.out.getvalue()
     assert rc == EXIT_STOPPED, log
     last = log.strip().splitlines()[-1]
     assert last.startswith("sweep stopped: circuit breaker: 3 trials in a row ended FAIL (crash)"), log
