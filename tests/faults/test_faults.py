@@ -2,12 +2,11 @@
 
 Every fault ends with the same checks (:func:`settle`): every trial finished before the fault is still
 there with its state and value, no trial number was run twice (one trainer start per number) and
-none is left RUNNING or WAITING, every retryable failure has its retry and every trial the infrastructure
-lost (``infra``) its re-run, the study holds the requested number of counted trials, no trainer process of the sweep is left, and every Ray CPU is
-free again. Each test adds a row (fault, outcome, trials lost, time to recover) to the table the
-session prints at its end (and writes to ``$FAULTS_REPORT`` when set); the faults of the infrastructure
-around the trials (a local Ray's raylet or GCS killed, the driver killed between ask and suggest) also say
-how many trials were re-run.
+none is left RUNNING or WAITING, every retryable failure has its retry and every trial the
+infrastructure lost (``infra``) its re-run, the study holds the requested number of counted trials,
+no trainer process of the sweep is left, and every Ray CPU is free again. Each test adds a row (fault,
+outcome, trials lost, trials re-run, time to recover) to the table the session prints at its end (and
+writes to ``$FAULTS_REPORT`` when set).
 
 The default run is short (2 trials of 3 s per sweep); ``FAULTS_FULL=1`` runs longer budgets and
 more trials. ``make faults`` runs only this module (``-m faults``).
