@@ -546,7 +546,7 @@ class Driver:
 
     def _node_dead(self, slot: InFlight, e: BaseException) -> bool | None:
         """For a crashed worker only (the one ambiguous error): whether the trial's node is dead."""
-        if self.watch is None or "WorkerCrashedError" not in {c.__name__ for c in type(e).__mro__}:
+        if self.watch is None or not health.worker_crashed(e):
             return None
         with contextlib.suppress(Exception):
             t = st.study_storage(self.study).get_trial(slot.trial_id)

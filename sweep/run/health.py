@@ -11,7 +11,9 @@ What Ray 2.60 raises from ``ray.get`` of a trial's task, and what it says:
   kinds (``OwnerDiedError``, ...), ``OutOfDiskError``, ``ObjectStoreFullError``: the infrastructure.
 - ``WorkerCrashedError``: the supervisor's worker process died. Its node's death does that, and so does
   the trial itself (the kernel's OOM killer, a kill from outside): it is the infrastructure's only when
-  the node the trial ran on (:data:`sweep.run.outcome.ATTR_NODE`) is dead or its raylet is gone.
+  the node the trial ran on (:data:`sweep.run.outcome.ATTR_NODE`) is dead or its raylet is gone, as known
+  when the error arrives (the GCS marks a cluster's node dead some health checks after it went).
+  A node removed from a cluster mid-trial raises ``NodeDiedError`` (seen on ``ray.cluster_utils.Cluster``).
 - ``OutOfMemoryError`` (Ray's memory monitor killed the worker): the trial's memory, kind ``oom``.
 - ``RayTaskError`` whose cause is a transient store error (the supervisor could not reach the study after
   its retries): the infrastructure. Any other: the trial's (``lost``, retried once).
@@ -61,6 +63,11 @@ def _names(e: BaseException) -> set[str]:
     return {c.__name__ for c in type(e).__mro__}
 
 
+def worker_crashed(e: BaseException) -> bool:
+    """Ray's ``WorkerCrashedError``: the one error that is the infrastructure's only if the node died."""
+    return "WorkerCrashedError" in _names(e)
+
+
 def classify(e: BaseException, node_dead: bool | None = None) -> Verdict:
     """The verdict on a trial whose task raised ``e`` from ``ray.get`` (not cancelled by the driver).
 
@@ -72,7 +79,7 @@ def classify(e: BaseException, node_dead: bool | None = None) -> Verdict:
         return Verdict("oom", f"Ray's memory monitor killed the worker: {one_line(e)}")
     if names & set(INFRA_ERRORS):
         return Verdict(INFRA, f"lost to the infrastructure: {one_line(e)}")
-    if "WorkerCrashedError" in names and node_dead:
+    if worker_crashed(e) and node_dead:
         return Verdict(INFRA, f"lost to the infrastructure: its node died ({one_line(e)})")
     cause = getattr(e, "cause", None)
     if "RayTaskError" in names and isinstance(cause, BaseException) and st.is_transient(cause):
