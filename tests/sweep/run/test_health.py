@@ -184,6 +184,17 @@ def test_on_a_cluster_the_driver_waits_for_nodes_up_to_infra_wait_s(tmp_path, mo
     finally:
         ray.shutdown()
         cluster.shutdown()
+        _forget_cluster(cluster.address)
+
+
+def _forget_cluster(address: str) -> None:
+    """Ray's head writes its address where a later ``ray.init()`` without one would join it; a test's cluster
+    that is gone must not be joined by the next local Ray of this machine."""
+    from pathlib import Path
+
+    current = Path("/tmp/ray/ray_current_cluster")
+    if current.exists() and current.read_text().strip() == address:
+        current.unlink()
 
 
 def test_a_sweep_whose_trials_all_fail_alike_stops_before_the_study_is_spent(tmp_path, monkeypatch):
