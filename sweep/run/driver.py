@@ -185,8 +185,10 @@ class Driver:
         else:
             kwargs |= {"include_dashboard": False, "num_cpus": os.cpu_count() or 1,
                        "object_store_memory": 200 * 1024**2}
+            # address="local": always a Ray of its own, even where /tmp/ray/ray_current_cluster still names
+            # a cluster that is gone (a head killed without its clean-up), which ray.init() would try to join.
             with quiet_local_token_notice():
-                ray.init(**kwargs)
+                ray.init(address="local", **kwargs)
             self._started_ray = True
         self.watch = health.RayWatch(local=self._started_ray)
         missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
