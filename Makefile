@@ -4,11 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # The CPU wheel of this release lies on the build machines' disk; a looser pin downloads gigabytes.
+# trn2 workers do not use it: they take torch 2.14.0 from the TorchNeuron DLAMI's venv (the pinned Neuron
+# set, sweep/neuron/versions.py); 2.13.0 is itself a TorchNeuron torch (docs/neuron.md, "Install").
 TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test faults sweep bench lint dashboard job status best clean clean-studies
+.PHONY: install system-deps test faults sweep preflight bench lint dashboard job status best clean clean-studies
 
 install: $(STAMP)
 
@@ -41,6 +43,11 @@ faults: $(STAMP)
 sweep: $(STAMP)
 	$(PY) -m infra cost $(STUDY) --check
 	$(PY) -m infra with-db -- $(PY) -m sweep run $(STUDY)
+
+# Prove this trn2 node in a few minutes before a study spends anything (docs/neuron.md, "Preflight"):
+# make preflight STUDY=phase1. Exit 1 names the first failed check and its fix.
+preflight: $(STAMP)
+	$(PY) -m sweep preflight $(STUDY)
 
 # optuna-dashboard on the study's storage, at http://127.0.0.1:8080 (ssh -L from a laptop on a cluster).
 dashboard: $(STAMP)

@@ -19,6 +19,7 @@ from typing import Any
 
 from infra.aws import BadInput, InfraError
 from infra.network import group_name
+from sweep.neuron.versions import DLAMI_VENV, NEURON_TOOLS_BIN
 
 TEMPLATE = Path(__file__).resolve().parent / "ray" / "trn2.yaml"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,8 @@ def cores_per_chip(lnc: int) -> int:
 
 
 def makefile_torch_pin(makefile: Path = REPO_ROOT / "Makefile") -> str:
-    """The Makefile's TORCH_PIN, so the cluster installs the torch the Makefile does."""
+    """The Makefile's TORCH_PIN, so the head (CPU only) installs the torch the Makefile does; trn2 workers
+    take the TorchNeuron DLAMI's torch (sweep/neuron/versions.py)."""
     try:
         match = re.search(r"^TORCH_PIN\s*\?=\s*(\S+)\s*$", makefile.read_text(), re.M)
     except OSError:
@@ -119,6 +121,8 @@ def env_file(opts: Options) -> str:
         'export NEURON_COMPILE_CACHE_URL="$NEURON_CACHE_DIR/xla"',
         f"export NEURON_LOGICAL_NC_CONFIG={opts.lnc}",
         'case ":$PATH:" in *":$HOME/trnsweep/.venv/bin:"*) ;; *) export PATH="$HOME/trnsweep/.venv/bin:$PATH" ;; esac',
+        "# The Neuron tools (neuron-ls, neuron-monitor; package aws-neuronx-tools), which sweep/neuron/ runs.",
+        f'case ":$PATH:" in *":{NEURON_TOOLS_BIN}:"*) ;; *) export PATH="$PATH:{NEURON_TOOLS_BIN}" ;; esac',
         "",
     ]
     return "\n".join(lines)
@@ -138,6 +142,7 @@ def render(opts: Options, template: dict[str, Any] | None = None, source_dir: Pa
         "SOURCE": str(source_dir if source_dir is not None else opts.source),
         "AUTH_TOKEN": str(opts.auth_token),
         "TORCH_PIN": opts.torch_pin,
+        "NEURON_VENV": DLAMI_VENV,
         "HEAD_DB_SETUP": "bash ~/trnsweep/infra/ray/head_postgres.sh" if opts.db == "head" else "",
     }
     config = _substitute(config, values)

@@ -2,20 +2,22 @@
 
 Everything NKI in this package goes through here: `NKI_AVAILABLE` says whether `import nki` worked, and
 `kernels()` loads `kernels.nki_kernels` (the `@nki.jit` functions) on first use only, so `import kernels`
-works on machines without the Neuron SDK. `launch` calls a kernel either on Neuron tensors (eager or inside
-`torch.compile(backend="neuron")`) or, when `NKI_SIMULATOR=1`, through `nki.simulate` on NumPy copies.
+works on machines without the Neuron SDK. `launch` calls a kernel at the node's LNC degree either on Neuron
+tensors (eager or inside `torch.compile(backend="neuron")`) or, when `NKI_SIMULATOR=1`, through `nki.simulate`;
+`define_op` makes the ops that call it PyTorch custom operators (`torch_neuronx.nki_op` on TorchNeuron).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
-from kernels.neuron import neuron_available
+from kernels.neuron import logical_cores, neuron_available
 
 try:  # the single import check; nothing else in the package imports nki at module load
     import nki
@@ -49,18 +51,6 @@ def neuron_device_available() -> bool:
     return neuron_available()
 
 
-def logical_cores() -> int:
-    """The kernels' LNC degree: it must equal the runtime's NEURON_LOGICAL_NC_CONFIG (1 or 2), or compilation fails.
-
-    The competition's launch line always sets the variable; unset means 1, as NKI itself assumes.
-    """
-    value = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "1").strip() or "1"
-    lnc = int(value)
-    if lnc not in (1, 2):
-        raise ValueError(f"NEURON_LOGICAL_NC_CONFIG must be 1 or 2, got {value!r}")
-    return lnc
-
-
 def kernels() -> ModuleType:
     """The module of `@nki.jit` kernels, imported on first use (its decorators need nki)."""
     global _kernels
@@ -73,35 +63,56 @@ def kernels() -> ModuleType:
     return _kernels
 
 
-def _to_numpy(value: Any) -> Any:
-    """A torch tensor as a NumPy array the simulator accepts: float32 for floating types (NumPy has no
-    bfloat16), int32 for integers; other arguments (Python scalars) pass unchanged."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    t = value.detach().cpu().contiguous()
-    if t.is_floating_point():
-        return t.float().numpy()
-    return t.to(torch.int32).numpy()
-
-
 def _to_torch(value: Any) -> Any:
+    """A kernel output as a torch tensor: NumPy bfloat16 (ml_dtypes) comes back as torch.bfloat16 bit for bit."""
     if isinstance(value, tuple | list):
         return tuple(_to_torch(v) for v in value)
-    arr = np.asarray(value)
-    if arr.dtype.kind == "f" and arr.dtype != np.float64:
-        arr = arr.astype(np.float32)  # also turns ml_dtypes.bfloat16 into something torch reads
-    return torch.from_numpy(np.ascontiguousarray(arr))
+    if isinstance(value, torch.Tensor):
+        return value
+    arr = np.ascontiguousarray(np.asarray(value))
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def launch(kernel: Any, *args: Any) -> Any:
-    """Run `kernel(*args)` with the right LNC degree; outputs come back as torch tensors.
+    """Run `kernel(*args)` at the LNC degree of `logical_cores()`; outputs come back as torch tensors.
 
-    On Neuron tensors the call goes to torch-neuronx (one graph node under torch.compile). Under
-    NKI_SIMULATOR=1 the inputs are copied to NumPy and run through `nki.simulate`; the caller casts the
-    outputs back to its dtypes and device.
+    The degree is always given in brackets, `kernel[lnc](...)`, as nki.jit documents: a bare call runs at
+    LNC=1. On Neuron tensors the call goes to torch-neuronx (one graph node under torch.compile). Under
+    NKI_SIMULATOR=1 the torch tensors go straight into `nki.simulate`, bfloat16 included (the simulator takes
+    PyTorch tensors and holds bfloat16 as bfloat16: docs nki/guides/nki_simulator); the caller moves the
+    outputs back to its device.
     """
-    lnc = logical_cores()
-    target = kernel[lnc] if lnc > 1 else kernel
+    target = kernel[logical_cores()]
     if simulating():
-        return _to_torch(nki.simulate(target)(*(_to_numpy(a) for a in args)))
+        return _to_torch(nki.simulate(target)(*args))
     return target(*args)
+
+
+def _nki_op() -> Callable[..., Any] | None:
+    """torch_neuronx.nki_op where TorchNeuron is installed (the documented way to make an NKI kernel a PyTorch
+    operator: docs torch/guides/how-to-work-with-nki), else None."""
+    try:
+        from torch_neuronx import nki_op
+    except Exception:  # no TorchNeuron here, or an install that fails to import
+        return None
+    return nki_op
+
+
+def define_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], nki_backed: bool) -> Any:
+    """Register `impl` as the custom operator `trnsweep::name`; returns its CustomOpDef.
+
+    NKI-backed ops go through `torch_neuronx.nki_op` where TorchNeuron is installed (it registers `impl`
+    itself as the fake kernel and lets torch.compile trace into it); everywhere else, and for the reference
+    ops, through `torch.library.custom_op` with `fake` for shapes. Both return a CustomOpDef, so the caller
+    registers the same autograd formula (`register_autograd`) on either: the CPU path (reference ops, the
+    NKI ops on the stand-in or the simulator) runs the registration the device runs.
+    """
+    qualname = f"trnsweep::{name}"
+    nki_op = _nki_op() if nki_backed else None
+    if nki_op is not None:
+        return nki_op(qualname, impl, mutates_args=())
+    op = torch.library.custom_op(qualname, impl, mutates_args=())
+    op.register_fake(fake)
+    return op

@@ -6,6 +6,11 @@ HBM tensors (rows = tokens) and follow one plan: rows go to SBUF partitions in t
 split between the physical cores of a logical core (LNC=2 runs the kernel twice, `nl.program_id` tells which
 half), the ragged last tile goes to the last core, and per-row reductions stay on chip.
 
+Loops are plain Python `range`, unrolled while NKI specializes the kernel (NKI 0.7 traces kernels with
+Python; `nl.affine_range` is a deprecated alias of `range` there: docs nki/deep-dives/nki-loops). The per-core
+split does Python arithmetic and `if` on `nl.program_id(0)`, as aws-neuron/nki-library's kernels do (a NEFF
+at LNC=2 holds instructions specialized per physical core); never on a tile's value.
+
 None of this has run on Trainium from this repository: the CPU tests execute it through a NumPy stand-in
 for the API subset used here (`kernels._fake_nki`), and through the real `nki.simulate` where it is installed.
 """
@@ -88,7 +93,7 @@ def rmsnorm_fwd(x, eps):
     y = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     first, mine, tail = _my_tiles(n, P)
-    for i in nl.affine_range(mine):
+    for i in range(mine):
         _rmsnorm_fwd_tile(x, y, rstd, (first + i) * P, P, eps)
     if tail:
         _rmsnorm_fwd_tile(x, y, rstd, tail[0], tail[1], eps)
@@ -129,7 +134,7 @@ def rmsnorm_bwd(dy, x, rstd):
     n, d = x.shape
     dx = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
     first, mine, tail = _my_tiles(n, P)
-    for i in nl.affine_range(mine):
+    for i in range(mine):
         _rmsnorm_bwd_tile(dy, x, rstd, dx, (first + i) * P, P)
     if tail:
         _rmsnorm_bwd_tile(dy, x, rstd, dx, tail[0], tail[1])
@@ -138,58 +143,98 @@ def rmsnorm_bwd(dy, x, rstd):
 
 # ---------------------------------------------------------------------------------------------------------
 # ReLU² MLP: y = relu(x @ W_fc^T)^2 @ W_proj^T, the [tokens, mlp_dim] activation never leaving SBUF.
+#
+# Buffer plan (kernels.relu2_mlp.mlp_plan sizes it): the hidden dimension goes in groups of `group` units.
+# Each group's weight slices are either loaded once and kept (resident) or loaded again for every token
+# block (streamed), so the SBUF need grows with the model width, not with width x mlp width; y is summed
+# over the groups in a float32 SBUF accumulator.
 
 
-def _mlp_block(x, y, pre_t, wfc, wpr, b0, bt):
-    """One block of `bt` <= TOKEN_BLOCK tokens starting at row b0."""
+def _load_xt(x, b0, bt):
+    """x[b0:b0+bt]^T in SBUF: one [<=128, bt] tile per 128 model dimensions (the matmul contraction)."""
     d = x.shape[1]
-    h = pre_t.shape[0]
-    dout = y.shape[1]
-    k_chunks = _chunks(d, P)
-    h_chunks = _chunks(h, P)
-    subs = _chunks(bt, P)
-    # x^T with the model dimension on partitions, one [<=128, bt] tile per contraction chunk.
-    xt = [nl.ndarray((P, TOKEN_BLOCK), dtype=x.dtype, buffer=nl.sbuf) for _ in k_chunks]
-    for s0, ss in subs:
+    xt = [nl.ndarray((P, TOKEN_BLOCK), dtype=x.dtype, buffer=nl.sbuf) for _ in _chunks(d, P)]
+    for s0, ss in _chunks(bt, P):
         xs = nl.ndarray((P, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=xs[0:ss, :], src=x[b0 + s0:b0 + s0 + ss, :])
-        for kc, (k0, ks) in enumerate(k_chunks):
+        for kc, (k0, ks) in enumerate(_chunks(d, P)):
             tp = nl.ndarray((P, P), dtype=x.dtype, buffer=nl.psum)
             nisa.nc_transpose(dst=tp[0:ks, 0:ss], data=xs[0:ss, k0:k0 + ks])
             nisa.tensor_copy(dst=xt[kc][0:ks, s0:s0 + ss], src=tp[0:ks, 0:ss])
-    # h^T = W_fc x^T, 128 hidden units at a time; relu(h)^2 stays in SBUF in the input dtype.
+    return xt
+
+
+def _load_group(w_fc_t, w_proj_t, g0, gs):
+    """One hidden group's weights in SBUF: W_fc^T[:, g0:g0+gs] per 128 model dims, W_proj^T[g0:g0+gs, :] per
+    128 hidden units."""
+    wfc = []
+    for k0, ks in _chunks(w_fc_t.shape[0], P):
+        t = nl.ndarray((P, gs), dtype=w_fc_t.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:ks, :], src=w_fc_t[k0:k0 + ks, g0:g0 + gs])
+        wfc.append(t)
+    wpr = []
+    for j0, js in _chunks(gs, P):
+        t = nl.ndarray((P, w_proj_t.shape[1]), dtype=w_proj_t.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:js, :], src=w_proj_t[g0 + j0:g0 + j0 + js, :])
+        wpr.append(t)
+    return wfc, wpr
+
+
+def _mlp_group(xt, yacc, pre_t, weights, d, g0, gs, b0, bt, first):
+    """Add one hidden group's share of y for a token block into yacc; write its pre-activation h^T."""
+    wfc, wpr = weights
+    dout = wpr[0].shape[1]
+    k_chunks = _chunks(d, P)
+    h_chunks = _chunks(gs, P)
     act = []
-    for j0, js in h_chunks:
+    for j0, js in h_chunks:  # h^T = W_fc x^T, 128 hidden units at a time
         hp = nl.ndarray((P, TOKEN_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kc, (_, ks) in enumerate(k_chunks):
             nisa.nc_matmul(dst=hp[0:js, 0:bt], stationary=wfc[kc][0:ks, j0:j0 + js], moving=xt[kc][0:ks, 0:bt],
                            accumulate=kc > 0)
-        hs = nl.ndarray((P, TOKEN_BLOCK), dtype=x.dtype, buffer=nl.sbuf)
+        hs = nl.ndarray((P, TOKEN_BLOCK), dtype=pre_t.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=hs[0:js, 0:bt], src=hp[0:js, 0:bt])
-        nisa.dma_copy(dst=pre_t[j0:j0 + js, b0:b0 + bt], src=hs[0:js, 0:bt])
+        nisa.dma_copy(dst=pre_t[g0 + j0:g0 + j0 + js, b0:b0 + bt], src=hs[0:js, 0:bt])
         r = nl.ndarray((P, TOKEN_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=r[0:js, 0:bt], op=nl.relu, data=hp[0:js, 0:bt])
-        a = nl.ndarray((P, TOKEN_BLOCK), dtype=x.dtype, buffer=nl.sbuf)
+        a = nl.ndarray((P, TOKEN_BLOCK), dtype=xt[0].dtype, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=a[0:js, 0:bt], data1=r[0:js, 0:bt], data2=r[0:js, 0:bt], op=nl.multiply)
         act.append(a)
-    # y = relu(h)^2 W_proj^T: 128 tokens x <=512 outputs per PSUM tile, contracting over the hidden chunks.
-    for s0, ss in subs:
+    # y += relu(h)^2 W_proj^T: 128 tokens x <=512 outputs per PSUM bank, contracting over the group's chunks.
+    for si, (s0, ss) in enumerate(_chunks(bt, P)):
         for c0, cs in _chunks(dout, MOVING_MAX):
             yp = nl.ndarray((P, MOVING_MAX), dtype=nl.float32, buffer=nl.psum)
             for jc, (_, js) in enumerate(h_chunks):
                 nisa.nc_matmul(dst=yp[0:ss, 0:cs], stationary=act[jc][0:js, s0:s0 + ss],
                                moving=wpr[jc][0:js, c0:c0 + cs], accumulate=jc > 0)
-            ys = nl.ndarray((P, MOVING_MAX), dtype=y.dtype, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=ys[0:ss, 0:cs], src=yp[0:ss, 0:cs])
-            nisa.dma_copy(dst=y[b0 + s0:b0 + s0 + ss, c0:c0 + cs], src=ys[0:ss, 0:cs])
+            acc = yacc[si][0:ss, c0:c0 + cs]
+            if first:
+                nisa.tensor_copy(dst=acc, src=yp[0:ss, 0:cs])
+            else:
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=yp[0:ss, 0:cs], op=nl.add)
+
+
+def _mlp_block(x, y, pre_t, w_fc_t, w_proj_t, groups, resident, b0, bt):
+    """One block of `bt` <= TOKEN_BLOCK tokens starting at row b0."""
+    dout = y.shape[1]
+    xt = _load_xt(x, b0, bt)
+    yacc = [nl.ndarray((P, dout), dtype=nl.float32, buffer=nl.sbuf) for _ in _chunks(bt, P)]
+    for gi, (g0, gs) in enumerate(groups):
+        weights = resident[gi] if resident else _load_group(w_fc_t, w_proj_t, g0, gs)
+        _mlp_group(xt, yacc, pre_t, weights, x.shape[1], g0, gs, b0, bt, gi == 0)
+        del weights  # a streamed group's SBUF is free before the next one loads
+    for si, (s0, ss) in enumerate(_chunks(bt, P)):
+        ys = nl.ndarray((P, dout), dtype=y.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=ys[0:ss, :], src=yacc[si][0:ss, :])
+        nisa.dma_copy(dst=y[b0 + s0:b0 + s0 + ss, :], src=ys[0:ss, :])
 
 
 @nki.jit
-def relu2_mlp_fwd(x, w_fc_t, w_proj_t):
-    """(x [N, D], W_fc^T [D, H], W_proj^T [H, Dout], one dtype) -> (y [N, Dout], h^T [H, N] pre-activation).
+def relu2_mlp_fwd(x, w_fc_t, w_proj_t, group, keep_weights):
+    """(x [N, D], W_fc^T [D, H], W_proj^T [H, Dout], one dtype; hidden group size; keep weights resident?) ->
+    (y [N, Dout], h^T [H, N] pre-activation, kept for the backward).
 
-    Both weights are loaded into SBUF once and reused by every token block (the caller checks they fit);
-    h^T goes back to HBM only because the backward needs it.
+    `group` and `keep_weights` come from kernels.relu2_mlp.mlp_plan, which sized them to fit SBUF.
     """
     n, d = x.shape
     d_w, h = w_fc_t.shape
@@ -197,21 +242,13 @@ def relu2_mlp_fwd(x, w_fc_t, w_proj_t):
     assert d == d_w and h == h_w, f"shapes disagree: x {x.shape}, W_fc^T {w_fc_t.shape}, W_proj^T {w_proj_t.shape}"
     y = nl.ndarray((n, dout), dtype=x.dtype, buffer=nl.shared_hbm)
     pre_t = nl.ndarray((h, n), dtype=x.dtype, buffer=nl.shared_hbm)
-    wfc = []
-    for k0, ks in _chunks(d, P):
-        t = nl.ndarray((P, h), dtype=w_fc_t.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[0:ks, :], src=w_fc_t[k0:k0 + ks, :])
-        wfc.append(t)
-    wpr = []
-    for j0, js in _chunks(h, P):
-        t = nl.ndarray((P, dout), dtype=w_proj_t.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[0:js, :], src=w_proj_t[j0:j0 + js, :])
-        wpr.append(t)
+    groups = _chunks(h, group)
+    resident = [_load_group(w_fc_t, w_proj_t, g0, gs) for g0, gs in groups] if keep_weights else None
     first, mine, tail = _my_tiles(n, TOKEN_BLOCK)
-    for i in nl.affine_range(mine):
-        _mlp_block(x, y, pre_t, wfc, wpr, (first + i) * TOKEN_BLOCK, TOKEN_BLOCK)
+    for i in range(mine):
+        _mlp_block(x, y, pre_t, w_fc_t, w_proj_t, groups, resident, (first + i) * TOKEN_BLOCK, TOKEN_BLOCK)
     if tail:
-        _mlp_block(x, y, pre_t, wfc, wpr, tail[0], tail[1])
+        _mlp_block(x, y, pre_t, w_fc_t, w_proj_t, groups, resident, tail[0], tail[1])
     return y, pre_t
 
 
@@ -311,7 +348,7 @@ def softcap_ce_fwd(logits, targets, softcap):
     lse = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     idx = _class_index()
     first, mine, tail = _my_tiles(n, P)
-    for i in nl.affine_range(mine):
+    for i in range(mine):
         _ce_fwd_tile(logits, targets, loss, lse, idx, (first + i) * P, P, softcap)
     if tail:
         _ce_fwd_tile(logits, targets, loss, lse, idx, tail[0], tail[1], softcap)
@@ -366,7 +403,7 @@ def softcap_ce_bwd(logits, targets, lse, gscale, softcap):
     dlogits = nl.ndarray((n, v), dtype=logits.dtype, buffer=nl.shared_hbm)
     idx = _class_index()
     first, mine, tail = _my_tiles(n, P)
-    for i in nl.affine_range(mine):
+    for i in range(mine):
         _ce_bwd_tile(logits, targets, lse, gscale, dlogits, idx, (first + i) * P, P, softcap)
     if tail:
         _ce_bwd_tile(logits, targets, lse, gscale, dlogits, idx, tail[0], tail[1], softcap)

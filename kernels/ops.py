@@ -19,6 +19,7 @@ class Ops:
     of the unfused PyTorch chains. Frozen and hashable so a compiled model can hold it as a constant."""
 
     impl: str
+    mlp: str = ""  # the MLP's own implementation where it differs (a width the NKI buffer plan refuses: "torch")
 
     def rms_norm(self, x: torch.Tensor) -> torch.Tensor:
         """F.rms_norm(x, (x.size(-1),)) without a weight."""
@@ -28,9 +29,10 @@ class Ops:
 
     def relu2_mlp(self, x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
         """relu(x @ w_fc^T)^2 @ w_proj^T with nn.Linear weights w_fc [mlp_dim, dim], w_proj [dim, mlp_dim]."""
-        if self.impl == "torch":
+        impl = self.mlp or self.impl
+        if impl == "torch":
             return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)
-        return relu2_mlp(x, w_fc, w_proj, impl=self.impl)
+        return relu2_mlp(x, w_fc, w_proj, impl=impl)
 
     def softcap_cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor, softcap: float,
                               reduction: str = "mean") -> torch.Tensor:
@@ -49,15 +51,16 @@ def get_ops(impl: str = "auto") -> Ops:
     "torch": the plain PyTorch compositions with autograd's own backward (fastest on the CPU, measured by
     bench.trainer_bench). "reference": the ops as autograd Functions with hand-written backward, the NKI
     kernels' CPU twin. "nki": the NKI kernels, on a NeuronCore or in the NKI CPU simulator (NKI_SIMULATOR=1);
-    a ValueError with a one-line reason where they cannot run. "auto": "nki" when nki imports and a
-    NeuronCore is visible, otherwise "torch".
+    a ValueError with a one-line reason where they cannot run. "auto": "torch". Whether a node may gamble on
+    the NKI kernels is the trainer's call (model.kernel_choice reads the node's preflight report) and reaches
+    here as "nki" or "torch"; these ops alone never pick untested kernels.
     """
     if impl not in IMPLS:
         raise ValueError(f"kernels must be one of {', '.join(IMPLS)}, got {impl!r}")
     if impl in ("torch", "reference"):
         return Ops(impl)
     if impl == "auto":
-        return Ops("nki" if _nki.NKI_AVAILABLE and _nki.neuron_device_available() else "torch")
+        return Ops("torch")
     if not _nki.NKI_AVAILABLE:
         raise ValueError(f"kernels='nki' is unavailable: {_nki.unavailable_reason()}")
     if not (_nki.simulating() or _nki.neuron_device_available()):

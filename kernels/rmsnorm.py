@@ -6,13 +6,16 @@ once, writes y once and keeps one float32 rstd per row for the backward, where a
 keeps several full-size intermediates.
 
 Backward: the NKI path uses the NKI backward kernel (`rmsnorm_bwd`); the reference path the same formula
-in PyTorch, dx = rstd * (dy - xhat * mean(dy * xhat)) with xhat = x * rstd.
+in PyTorch, dx = rstd * (dy - xhat * mean(dy * xhat)) with xhat = x * rstd. Each path is a pair of PyTorch
+custom operators (`trnsweep::rmsnorm_<impl>` and its backward), the backward registered as the forward's
+autograd formula, so torch.compile sees one opaque node each way (kernels._nki.define_op).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch.autograd.function import once_differentiable
 
 from kernels import _nki
 
@@ -49,26 +52,51 @@ def nki_backward(dy2: torch.Tensor, x2: torch.Tensor, rstd: torch.Tensor) -> tor
     return dx.to(device=x2.device, dtype=x2.dtype)
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """Autograd wrapper shared by both implementations; `use_nki` picks the kernels for forward and backward."""
+def _fwd_fake(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x2), x2.new_empty((x2.shape[0], 1), dtype=_acc_dtype(x2.dtype))
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, use_nki: bool) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        y, rstd = nki_forward(x2) if use_nki else reference_forward(x2)
-        ctx.save_for_backward(x2, rstd)
-        ctx.use_nki = use_nki
-        return y.view(x.shape)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
+def _bwd_fake(dy2: torch.Tensor, x2: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x2)
+
+
+def _nki_fwd(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return nki_forward(x2)
+
+
+def _nki_bwd(dy2: torch.Tensor, x2: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    return nki_backward(dy2, x2, rstd)
+
+
+def _ref_fwd(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return reference_forward(x2)
+
+
+def _ref_bwd(dy2: torch.Tensor, x2: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    return reference_backward(dy2, x2, rstd)
+
+
+def _register(impl: str, fwd: Any, bwd: Any) -> Any:
+    """The forward op `trnsweep::rmsnorm_<impl>` with its backward op as autograd formula (both paths alike)."""
+    nki_backed = impl == "nki"
+    fwd_op = _nki.define_op(f"rmsnorm_{impl}", fwd, _fwd_fake, nki_backed)
+    bwd_op = _nki.define_op(f"rmsnorm_bwd_{impl}", bwd, _bwd_fake, nki_backed)
+
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        ctx.save_for_backward(inputs[0], output[1])
+
+    def backward(ctx: Any, dy: torch.Tensor, _drstd: torch.Tensor | None) -> torch.Tensor:
         x2, rstd = ctx.saved_tensors
-        dy2 = dy.reshape(x2.shape)
-        dx = nki_backward(dy2, x2, rstd) if ctx.use_nki else reference_backward(dy2, x2, rstd)
-        return dx.view(dy.shape), None
+        return bwd_op(dy.contiguous(), x2, rstd)
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op
+
+
+OPS = {"reference": _register("reference", _ref_fwd, _ref_bwd), "nki": _register("nki", _nki_fwd, _nki_bwd)}
 
 
 def rms_norm(x: torch.Tensor, impl: str = "reference") -> torch.Tensor:
     """Fused RMSNorm over the last dimension; impl is "reference" or "nki" (resolve "auto" with get_ops)."""
-    return RMSNormFunction.apply(x, impl == "nki")
+    y, _ = OPS[impl](x.reshape(-1, x.shape[-1]))
+    return y.view(x.shape)

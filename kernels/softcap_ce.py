@@ -7,13 +7,15 @@ that row statistic. reduction: 'mean' (over non-ignored targets, NaN when there 
 F.cross_entropy), 'sum' or 'none' (one value per target, 0 where ignored).
 
 Backward: the NKI path uses the NKI backward kernel (`softcap_ce_bwd`); the reference path the same formula
-in PyTorch, dlogits = g * (softmax(z) - onehot(target)) * (1 - tanh^2).
+in PyTorch, dlogits = g * (softmax(z) - onehot(target)) * (1 - tanh^2). Each path is a pair of PyTorch
+custom operators (per-row loss and its backward, kernels._nki.define_op); the reduction is PyTorch's.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch.autograd.function import once_differentiable
 
 from kernels import _nki
 
@@ -68,38 +70,55 @@ def nki_backward(l2: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, gscale: t
     return dl.to(device=l2.device, dtype=l2.dtype)
 
 
-class SoftcapCrossEntropyFunction(torch.autograd.Function):
-    """Autograd wrapper shared by both implementations; `use_nki` picks the kernels for forward and backward."""
+def _fwd_fake(l2: torch.Tensor, t: torch.Tensor, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    acc = _acc_dtype(l2.dtype)
+    return l2.new_empty(l2.shape[0], dtype=acc), l2.new_empty(l2.shape[0], dtype=acc)
 
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, softcap: float, reduction: str,
-                use_nki: bool) -> torch.Tensor:
-        l2 = logits.reshape(-1, logits.shape[-1])
-        t = targets.reshape(-1)
-        loss, lse = nki_forward(l2, t, softcap) if use_nki else reference_forward(l2, t, softcap)
-        ctx.save_for_backward(l2, t, lse)
-        ctx.softcap, ctx.reduction, ctx.use_nki = softcap, reduction, use_nki
-        ctx.logits_shape = logits.shape
-        if reduction == "none":
-            return loss.view(targets.shape)
-        if reduction == "sum":
-            return loss.sum()
-        return loss.sum() / (t != IGNORE_INDEX).sum().to(loss.dtype)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+def _bwd_fake(l2: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor,
+              softcap: float) -> torch.Tensor:
+    return torch.empty_like(l2)
+
+
+def _nki_fwd(l2: torch.Tensor, t: torch.Tensor, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return nki_forward(l2, t, softcap)
+
+
+def _nki_bwd(l2: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor,
+             softcap: float) -> torch.Tensor:
+    return nki_backward(l2, t, lse, gscale, softcap)
+
+
+def _ref_fwd(l2: torch.Tensor, t: torch.Tensor, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return reference_forward(l2, t, softcap)
+
+
+def _ref_bwd(l2: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor,
+             softcap: float) -> torch.Tensor:
+    return reference_backward(l2, t, lse, gscale, softcap)
+
+
+def _register(impl: str, fwd: Any, bwd: Any) -> Any:
+    """The op `trnsweep::softcap_ce_<impl>` -> (loss per row, lse per row), its backward op as autograd formula."""
+    nki_backed = impl == "nki"
+    fwd_op = _nki.define_op(f"softcap_ce_{impl}", fwd, _fwd_fake, nki_backed)
+    bwd_op = _nki.define_op(f"softcap_ce_bwd_{impl}", bwd, _bwd_fake, nki_backed)
+
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        l2, t, softcap = inputs
+        ctx.save_for_backward(l2, t, output[1])
+        ctx.softcap = softcap
+
+    def backward(ctx: Any, dloss: torch.Tensor, _dlse: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         l2, t, lse = ctx.saved_tensors
-        valid = (t != IGNORE_INDEX).to(lse.dtype)
-        if ctx.reduction == "none":
-            gscale = grad.reshape(-1).to(lse.dtype) * valid
-        elif ctx.reduction == "sum":
-            gscale = grad.to(lse.dtype) * valid
-        else:
-            gscale = grad.to(lse.dtype) * valid / valid.sum()
-        backward = nki_backward if ctx.use_nki else reference_backward
-        dl = backward(l2, t, lse, gscale, ctx.softcap)
-        return dl.view(ctx.logits_shape), None, None, None, None
+        gscale = dloss.to(lse.dtype) * (t != IGNORE_INDEX).to(lse.dtype)  # ignored rows get no gradient
+        return bwd_op(l2, t, lse, gscale.contiguous(), ctx.softcap), None, None
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op
+
+
+OPS = {"reference": _register("reference", _ref_fwd, _ref_bwd), "nki": _register("nki", _nki_fwd, _nki_bwd)}
 
 
 def softcap_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float, reduction: str = "mean",
@@ -109,4 +128,10 @@ def softcap_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: 
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if softcap < 0:
         raise ValueError(f"softcap must be >= 0 (0 disables the cap), got {softcap}")
-    return SoftcapCrossEntropyFunction.apply(logits, targets, float(softcap), reduction, impl == "nki")
+    t = targets.reshape(-1)
+    loss, _ = OPS[impl](logits.reshape(-1, logits.shape[-1]), t, float(softcap))
+    if reduction == "none":
+        return loss.view(targets.shape)
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (t != IGNORE_INDEX).sum().to(loss.dtype)

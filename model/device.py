@@ -80,6 +80,17 @@ def pick_kind(requested: str = "auto") -> str:
     return "cpu"
 
 
+def device_index(kind: str, local_rank: int) -> int | None:
+    """The device index this process trains on.
+
+    CUDA: one process per GPU, all GPUs visible, so the local rank. Neuron: every process sees only its
+    own NeuronCore (TorchNeuron narrows NEURON_RT_VISIBLE_CORES to the local rank where it is unset, and
+    the sweep hands each rank its own core), and the runtime numbers visible cores from 0; the Neuron
+    torch.distributed guide puts every rank on plain ``torch.device("neuron")``. So index 0.
+    """
+    return {"cuda": local_rank, "neuron": 0}.get(kind)
+
+
 BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
 AUTOCAST = {"neuron": torch.bfloat16, "cuda": torch.bfloat16, "cpu": None}
 
@@ -91,10 +102,10 @@ def setup(requested: str = "auto") -> Runtime:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     if kind == "cuda":
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", device_index(kind, local_rank))
         torch.cuda.set_device(device)
     elif kind == "neuron":
-        device = torch.device("neuron", local_rank)
+        device = torch.device("neuron", device_index(kind, local_rank))
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from model import collective
 from model.core import CoreResult, Task, evaluate_core, load_bundle
 from model.data import scoring_set
 
@@ -69,21 +70,24 @@ def evaluate_bpb(
     """Score `model` on fixed (x, y) batches; `token_bytes[id]` is the UTF-8 length of token id."""
     was_training = model.training
     model.eval()
-    token_bytes = token_bytes.to(device)
+    # The device only runs the model; the totals are float64 on the host, where the per-token losses are
+    # summed exactly as before (a NeuronCore holds no float64; model.collective adds them over ranks).
+    token_bytes = token_bytes.cpu()
     # nats, tokens, bytes, rows, and over rows: nats², nats*bytes, bytes²
-    totals = torch.zeros(7, dtype=torch.float64, device=device)
+    totals = torch.zeros(7, dtype=torch.float64)
     for x, y in batches:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x = x.to(device, non_blocking=True)
         if autocast is None:
-            loss = model(x, y, reduction="none")
+            loss = model(x, y.to(device, non_blocking=True), reduction="none")
         else:
             with autocast:
-                loss = model(x, y, reduction="none")
+                loss = model(x, y.to(device, non_blocking=True), reduction="none")
+        y = y.cpu()
         rows = y.size(0)
         nbytes = torch.where(y >= 0, token_bytes[y.clamp(min=0)], 0).reshape(rows, -1)
         counted = nbytes > 0
         # A mask, not an index: static shapes.
-        row_nats = (loss.double().reshape(rows, -1) * counted).sum(1)
+        row_nats = (loss.detach().cpu().double().reshape(rows, -1) * counted).sum(1)
         row_bytes = nbytes.sum(1).double()
         totals[0] += row_nats.sum()
         totals[1] += counted.sum()
@@ -93,7 +97,7 @@ def evaluate_bpb(
         totals[5] += (row_nats * row_bytes).sum()
         totals[6] += (row_bytes * row_bytes).sum()
     if dist.is_initialized():
-        dist.all_reduce(totals)
+        totals = torch.tensor(collective.sum_floats(totals.tolist(), device), dtype=torch.float64)
     model.train(was_training)
     nats, tokens, nbytes, rows, xx, xy, yy = totals.tolist()
     return BpbResult(nats=nats, tokens=int(tokens), bytes=int(nbytes), rows=int(rows), row_moments=(xx, xy, yy))

@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.ops import Ops, get_ops
-from model import counts
+from kernels.ops import Ops
+from model import counts, kernel_choice
 from model.config import GPTConfig
 
 
@@ -99,7 +99,9 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.ops = get_ops(config.kernels)
+        # kernels="auto": the NKI kernels only where this node's preflight passed them (model.kernel_choice)
+        self.kernel_choice = kernel_choice.resolve(config.kernels, config.model_dim, config.mlp_dim)
+        self.ops = self.kernel_choice.ops()
         self.wte = nn.Embedding(config.vocab_size, config.model_dim)
         self.blocks = nn.ModuleList(Block(config, i, self.ops) for i in range(config.depth))
         self.lm_head = nn.Linear(config.model_dim, config.vocab_size, bias=False)
@@ -115,6 +117,14 @@ class GPT(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.init_weights()
+
+    def fall_back_to_torch_ops(self, error: BaseException) -> None:
+        """The NKI kernels failed (compile or run) at the first step: the plain PyTorch ops from now on, recorded."""
+        self.kernel_choice = kernel_choice.fall_back(self.kernel_choice, error)
+        self.ops = self.kernel_choice.ops()
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = self.ops
 
     @torch.no_grad()
     def init_weights(self) -> None:

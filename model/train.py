@@ -9,6 +9,9 @@ before the next step would cross the budget. After the final evaluation, CORE ru
 (not charged; its seconds are recorded apart). With --json, stdout carries JSON lines (`start`, `step`,
 `eval`, then `result`, always last); human-readable logs go to stderr.
 
+Long file: the loop, its clock and the result record are one story (the record's fields are made where they
+are measured); splitting it would scatter the charged-time rules.
+
 Exit codes: 0 when a result with status ok, stopped or diverged was printed; 1 when the run failed
 (a `failed` result is printed where possible); 2 for a bad configuration or bad data, with one line.
 """
@@ -34,8 +37,8 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from model import collective, faults  # noqa: E402
 from model import device as devices  # noqa: E402
-from model import faults  # noqa: E402
 from model.config import ConfigError, GPTConfig, TrainConfig, load_config_arg, parse_config, resolve_batch  # noqa: E402
 from model.data import BatchLoader, DataError, check_scoring, load_dataset, validation_batches  # noqa: E402
 from model.democore import resolve_bundle  # noqa: E402
@@ -94,14 +97,19 @@ class ChargedClock:
         """Record one step; excluded steps count as start-up, and may eat into the allowance."""
         self.steps_seen += 1
         if self.steps_seen <= self.excluded_steps:
-            before = max(0.0, self.startup_s - self.allowance_s)
-            self.startup_s += seconds
+            self.add_startup(seconds)
             self.excluded_s += seconds
-            self.charged_s += max(0.0, self.startup_s - self.allowance_s) - before
             return
         self.charged_s += seconds
         self.last_step_s = seconds
         self.step_times.append(seconds)
+
+    def add_startup(self, seconds: float) -> None:
+        """Start-up time after the clock started (an excluded step, a failed kernel compile): past the allowance
+        it is charged."""
+        before = max(0.0, self.startup_s - self.allowance_s)
+        self.startup_s += seconds
+        self.charged_s += max(0.0, self.startup_s - self.allowance_s) - before
 
     @property
     def progress(self) -> float:
@@ -149,18 +157,14 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], world_size: int) -> None
 def _agree_on_stop(code: int, rt: devices.Runtime) -> int:
     if rt.world_size == 1:
         return code
-    t = torch.tensor([code], dtype=torch.int64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return max(row[0] for row in collective.gather_ints([code], rt.device))
 
 
 def _same_on_all_ranks(value: int, rt: devices.Runtime) -> bool:
     """Whether an integer (a batch digest, 62 bits) is the same on every rank: the data's one collective."""
     if rt.world_size == 1:
         return True
-    t = torch.tensor([value, -value], dtype=torch.int64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [max, -min]
-    return t.tolist() == [value, -value]
+    return all(row == [value] for row in collective.gather_ints([value], rt.device))
 
 
 def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
@@ -171,10 +175,18 @@ def _agree_on_clock(code: int, clock: ChargedClock, rt: devices.Runtime) -> int:
     """
     if rt.world_size == 1:
         return code
-    t = torch.tensor([float(code), clock.charged_s, clock.startup_s], dtype=torch.float64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    code_f, clock.charged_s, clock.startup_s = t.tolist()
+    # Exact float64 MAX without float64 on the device (model.collective).
+    code_f, clock.charged_s, clock.startup_s = collective.max_floats([float(code), clock.charged_s, clock.startup_s],
+                                                                     rt.device)
     return int(code_f)
+
+
+def _recompile(model: GPT, compile_: bool, kind: str) -> torch.nn.Module:
+    """The module the steps call: the model, compiled for the device when `compile` is on (afresh after a change
+    of ops)."""
+    if not compile_:
+        return model
+    return torch.compile(model, backend="neuron" if kind == "neuron" else "inductor")
 
 
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None,
@@ -198,11 +210,9 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     model.train()
     n_params = model.num_params()
     opt = Optimizers(model.param_groups(), cfg.model.model_dim, cfg.optim, rt.device)
-    step_model = model
+    step_model = _recompile(model, run.compile, rt.kind)
     if run.compile:
-        backend = "neuron" if rt.kind == "neuron" else "inductor"
-        step_model = torch.compile(model, backend=backend)
-        opt.compile(backend)
+        opt.compile("neuron" if rt.kind == "neuron" else "inductor")
 
     B, T = run.batch_size, cfg.model.seq_len
     check_scoring(ds, run.eval_seq_len)  # a final evaluation the data cannot give fails now, not after the budget
@@ -250,14 +260,25 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
 
         t0 = time.perf_counter()
         opt.set_progress(clock.progress)
-        for _ in range(run.grad_accum):
-            x, y = next(loader)
-            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-            with rt.autocast():
-                loss = step_model(x, y)
-            if fault is not None and state.step == fault.step:
-                loss = faults.inject(fault.kind, loss)
-            (loss / run.grad_accum).backward()
+        try:
+            for _ in range(run.grad_accum):
+                x, y = next(loader)
+                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+                with rt.autocast():
+                    loss = step_model(x, y)
+                if fault is not None and state.step == fault.step:
+                    loss = faults.inject(fault.kind, loss)
+                (loss / run.grad_accum).backward()
+        except Exception as e:  # the NKI kernels compile at the first step: a failure there costs them, not the trial
+            if state.step > 0 or model.kernel_choice.impl != "nki":
+                raise
+            events.log(f"NKI kernels failed at the first step; going on with the PyTorch ops: {e!r}")
+            model.fall_back_to_torch_ops(e)
+            opt.zero_grad()
+            torch._dynamo.reset()  # no graph traced with the NKI ops survives
+            step_model = _recompile(model, run.compile, rt.kind)
+            clock.add_startup(time.perf_counter() - t0)  # not a step: start-up, as any compile
+            continue
         if rt.world_size > 1:
             _all_reduce_grads(list(model.parameters()), rt.world_size)
         opt.step()
@@ -298,6 +319,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "step_seconds_max": max(clock.step_times, default=0.0), "step_seconds_sum": sum(clock.step_times),
         "excluded_steps": run.excluded_steps,
         "excluded_seconds": clock.excluded_s,
+        **model.kernel_choice.record(),
         **NO_CORE,
     }
     if state.status == "ok":

@@ -1,4 +1,4 @@
-"""``python -m sweep run|status|best|trial|dashboard|precompile|replay|promote|export``: the sweep's command line.
+"""``python -m sweep run|status|best|trial|dashboard|precompile|preflight|replay|promote|export``: the command line.
 
 Exit codes follow docs/design.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded
@@ -18,7 +18,7 @@ from typing import TextIO
 
 from sweep import dashboard
 from sweep import store as st
-from sweep.run import precompile
+from sweep.run import precompile, preflight
 from sweep.run.adhoc import run_adhoc
 from sweep.run.driver import Driver, SweepAborted
 from sweep.ship import export, promote, replay
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: no authentication)")
     d.add_argument("--port", type=int, default=8080)
     precompile.add_parser(sub)
+    preflight.add_parser(sub)
     replay.add_parser(sub)
     promote.add_parser(sub)
     export.add_parser(sub)
@@ -155,6 +156,7 @@ COMMANDS: dict[str, Callable[[StudySpec, str, argparse.Namespace, TextIO], int]]
     "best": _best,
     "trial": run_adhoc,
     "precompile": precompile.main,
+    "preflight": preflight.main,
     "replay": replay.main,
     "promote": promote.main,
     "export": export.main,

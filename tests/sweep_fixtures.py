@@ -76,8 +76,10 @@ def local_ray(namespace: str) -> Iterator[None]:
     """A local Ray of two CPUs for a test module's sweeps."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
-             namespace=namespace)
+    # "local": a Ray of the test's own. Without it, ray.init joins the machine's current cluster
+    # (/tmp/ray/ray_current_cluster, written by any `ray start`), or refuses num_cpus for it.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 1024**2, namespace=namespace)
     try:
         yield
     finally:

@@ -13,6 +13,9 @@ CPU tests drive it with stand-in executables; nothing imports torch or ``model.*
   graphs get compiled.
 - :mod:`sweep.neuron.monitor`: ``neuron-ls`` (the node's devices) and the ``neuron-monitor`` sampler.
 - :mod:`sweep.neuron.trial`: :class:`TrialLaunch`, all of the above for one trial.
+- :mod:`sweep.neuron.rank`: what torchrun runs in each rank: its own NeuronCore, then the trainer.
+- :mod:`sweep.neuron.versions`: the pinned Neuron package set, DLAMI and venv, and the check of what is
+  installed (docs/neuron.md gives every source).
 
 This facade re-exports the public names, so ``from sweep import neuron`` and ``neuron.X`` work.
 """
@@ -24,12 +27,15 @@ from sweep.neuron.cache import (
     NEFF_CACHE_VAR,
     NEFF_DISABLE_VAR,
     NODE_CACHE_VAR,
+    PUSH_MIN_AGE_S,
     XLA_CACHE_VAR,
     CacheLocation,
     cache_entries,
     cache_location,
     cache_outcome,
     compile_seconds,
+    run_sync,
+    sync_command,
 )
 from sweep.neuron.graph import (
     ATTR_GRAPH_KEY,
@@ -53,6 +59,8 @@ from sweep.neuron.launch import (
     LNC_VALUES,
     LNC_VAR,
     MAX_CHIPS,
+    RANK_CORES_VAR,
+    RANK_MODULE,
     LaunchError,
     check_spec,
     chip_cores,
@@ -60,15 +68,20 @@ from sweep.neuron.launch import (
     launch_values,
     map_ranks,
     parse_cores,
+    rank_env,
     spec_fit,
     split_flags,
     to_trial_lnc,
 )
 from sweep.neuron.monitor import (
+    ATTR_TOOLS_MISSING,
     MONITOR_CONFIG,
+    TOOL_DIRS,
     Device,
     MonitorSampler,
     check_node,
+    find_tool,
+    missing_tool,
     monitor_sample,
     neuron_ls,
     parse_neuron_ls,
@@ -76,12 +89,13 @@ from sweep.neuron.monitor import (
 from sweep.neuron.trial import TrialLaunch
 
 __all__ = [
-    "ATTR_GRAPH_CACHE", "ATTR_GRAPH_KEY", "ATTR_PRECOMPILED", "CC_FLAGS_VAR", "CORES_PER_CHIP", "CORES_VAR",
-    "DEFAULT_NODE_CACHE", "DEFAULT_NODE_LNC", "GRAPH_DEFAULTS", "GRAPH_INPUTS", "LAUNCH_KEYS", "LNC_VALUES", "LNC_VAR",
-    "MAX_CHIPS", "MIN_CACHE_FREE_BYTES", "MONITOR_CONFIG", "NEFF_CACHE_VAR", "NEFF_DISABLE_VAR", "NODE_CACHE_VAR",
-    "NOT_IN_GRAPH_KEY", "TRAINER_DEFAULTS", "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device", "LaunchError",
-    "MonitorSampler", "TrialLaunch", "cache_entries", "cache_location", "cache_outcome", "check_node", "check_spec",
-    "chip_cores", "compile_seconds", "format_cores", "graph_key", "graph_shape", "launch_values", "map_ranks",
-    "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "resolved_model", "spec_fit", "split_flags",
-    "to_trial_lnc", "trainer_defaults",
+    "ATTR_GRAPH_CACHE", "ATTR_GRAPH_KEY", "ATTR_PRECOMPILED", "ATTR_TOOLS_MISSING", "TOOL_DIRS", "find_tool",
+    "missing_tool", "CC_FLAGS_VAR", "CORES_PER_CHIP", "CORES_VAR", "DEFAULT_NODE_CACHE", "DEFAULT_NODE_LNC",
+    "GRAPH_DEFAULTS", "GRAPH_INPUTS", "LAUNCH_KEYS", "LNC_VALUES", "LNC_VAR", "MAX_CHIPS", "MIN_CACHE_FREE_BYTES",
+    "MONITOR_CONFIG", "NEFF_CACHE_VAR", "NEFF_DISABLE_VAR", "NODE_CACHE_VAR", "NOT_IN_GRAPH_KEY", "PUSH_MIN_AGE_S",
+    "RANK_CORES_VAR", "RANK_MODULE", "TRAINER_DEFAULTS", "WIDTH_KEYS", "XLA_CACHE_VAR", "CacheLocation", "Device",
+    "LaunchError", "MonitorSampler", "TrialLaunch", "cache_entries", "cache_location", "cache_outcome", "check_node",
+    "check_spec", "chip_cores", "compile_seconds", "format_cores", "graph_key", "graph_shape", "launch_values",
+    "map_ranks", "monitor_sample", "neuron_ls", "parse_cores", "parse_neuron_ls", "rank_env", "run_sync",
+    "sync_command", "resolved_model", "spec_fit", "split_flags", "to_trial_lnc", "trainer_defaults",
 ]

@@ -1,11 +1,20 @@
 """The shared Neuron compile cache: where a trial's compiled graphs go, and whether it hit.
 
-Every Neuron trial points the caches at one place: the node directory (``$NEURON_CACHE_DIR``, as
-``infra/cluster.py`` writes it into ``cluster.env``; ``infra/ray/node_sync.sh`` syncs it with S3), a
-shared file system (``trial.compile_cache = "/fsx/neuron-cache"``) or S3 (``"s3://bucket/prefix"``). The
-layout is the one ``cluster.env`` uses: ``neff/`` for the native backend's NEFF cache
-(``TORCH_NEURONX_NEFF_CACHE_DIR``, a file system path: with S3 it stays on the node and node_sync carries
-it) and ``xla/`` for the XLA path's cache (``NEURON_COMPILE_CACHE_URL``, which takes ``s3://`` itself).
+TorchNeuron (the ``neuron`` device and ``torch.compile(backend="neuron")``) keeps its compiled graphs
+in the persistent NEFF cache, ``TORCH_NEURONX_NEFF_CACHE_DIR``, a directory (TorchNeuron environment
+variables; "What are Neuron Compiler artifacts?"). ``NEURON_COMPILE_CACHE_URL`` is the PyTorch/XLA
+line's cache: this trainer never reads it; it is still pointed beside the NEFF cache for tools of that
+line. Every Neuron trial points the cache at one place (``trial.compile_cache``):
+
+- ``""``: the node directory (``$NEURON_CACHE_DIR``, as ``infra/cluster.py`` writes it into
+  ``cluster.env``), which ``infra/ray/node_sync.sh`` shares through the cluster bucket every 5 minutes;
+- a shared file system path (``"/fsx/neuron-cache"``): every node reads and writes ``PATH/neff`` directly;
+- ``"s3://bucket/prefix"``: TorchNeuron takes no URL, so the NEFFs live in a node-local mirror
+  (``$NEURON_CACHE_DIR-s3/bucket/prefix/neff``, outside the directory node_sync shares) that the trial
+  pulls from ``s3://bucket/prefix/neff`` before the trainer starts and pushes back once it has
+  finished (:attr:`CacheLocation.remote`; the copy is ``python -m infra sync``: new files only, each
+  written whole; files younger than a minute wait for the next trial's push).
+
 Hits are read off the cache directory: NEFF files present after the run that were not there before were
 compiled by it (a miss); none new means every graph came from the cache. On a node running several
 trials at once a neighbour's new entries count against this trial too, so a miss can be over-reported,
@@ -15,8 +24,11 @@ a hit never.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"  # the native backend's persistent NEFF cache (a path)
@@ -25,6 +37,10 @@ NEFF_DISABLE_VAR = "TORCH_NEURONX_NEFF_DISABLE_CACHE"
 NODE_CACHE_VAR = "NEURON_CACHE_DIR"  # the node's cache root, from infra's cluster.env
 DEFAULT_NODE_CACHE = "/var/tmp/trnsweep-neuron-cache"
 MIN_CACHE_FREE_BYTES = 4 * 1024**3  # below this a compile could fill the disk, which corrupts the cache
+
+PUSH_MIN_AGE_S = 60.0  # a neighbouring trial's compile may still be writing; a later push takes the rest
+SYNC_TIMEOUT_S = 1800.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 ATTR_GRAPH_CACHE = "graph_cache"  # trial attribute: "hit" | "miss" | "none" (never got as far as compiling)
 
@@ -37,6 +53,7 @@ class CacheLocation:
     root: str
     neff_dir: str  # always a local or mounted path: the native backend's cache takes no URL
     xla_url: str  # a path, or s3:// for the XLA path
+    remote: str = ""  # s3 only: where the NEFF mirror is pulled from and pushed to
 
     def env(self) -> dict[str, str]:
         return {NEFF_CACHE_VAR: self.neff_dir, XLA_CACHE_VAR: self.xla_url}
@@ -53,9 +70,29 @@ def cache_location(compile_cache: str, node_env: Mapping[str, str]) -> CacheLoca
         xla = node_env.get(XLA_CACHE_VAR) or os.path.join(node_root, "xla")
         return CacheLocation("node", node_root, node_neff, xla)
     if compile_cache.startswith("s3://"):
-        return CacheLocation("s3", compile_cache.rstrip("/"), node_neff, compile_cache.rstrip("/") + "/xla")
+        url = compile_cache.rstrip("/")
+        mirror = os.path.join(node_root.rstrip("/") + "-s3", *url[len("s3://"):].split("/"), "neff")
+        return CacheLocation("s3", url, mirror, url + "/xla", remote=url + "/neff")
     root = compile_cache.rstrip("/") or "/"
     return CacheLocation("shared", root, os.path.join(root, "neff"), os.path.join(root, "xla"))
+
+
+def sync_command(src: str, dst: str, min_age_s: float) -> list[str]:
+    """``python -m infra sync``: new files only, each written whole (sweep runs infra's CLI, never imports it)."""
+    return [sys.executable, "-m", "infra", "sync", "--quiet", "--min-age-s", f"{min_age_s:g}", src, dst]
+
+
+def run_sync(src: str, dst: str, min_age_s: float = 0.0) -> str | None:
+    """Copy new files from ``src`` to ``dst`` (one of them ``s3://``); the failure in one line, or None."""
+    try:
+        proc = subprocess.run(sync_command(src, dst, min_age_s), capture_output=True, text=True, cwd=REPO_ROOT,
+                              timeout=SYNC_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{type(e).__name__}: {e}"[:300]
+    if proc.returncode:
+        lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
+        return f"sync {src} -> {dst}: {lines[-1]}"[:300]
+    return None
 
 
 def cache_entries(dirs: Iterable[str]) -> set[str]:

@@ -6,7 +6,12 @@ parameters like any other (fixed, searched or derived) but the trainer does not 
 ``neuron_cores`` counted in the node's logical-core config (what ``ray start`` saw in
 ``NEURON_LOGICAL_NC_CONFIG``, 2 unless the cluster says otherwise) and sets ``NEURON_RT_VISIBLE_CORES``
 ("0-3", "4,5,6,7", "0-1,4-5"). Those cores are translated into the trial's own LNC (a LNC-2 core is the
-physical pair 2c, 2c+1) and split evenly over the ranks (rank r drives the first core of its share). A
+physical pair 2c, 2c+1) and split evenly over the ranks (rank r drives the first core of its share).
+TorchNeuron wants exactly one core visible to each process of a distributed run (it sets
+``NEURON_RT_VISIBLE_CORES`` to the local rank only where it is unset), so a multi-rank trial hands each
+torchrun rank its own core: the list goes in ``TRNSWEEP_RANK_CORES`` and :mod:`sweep.neuron.rank`, which
+torchrun starts in every rank, narrows ``NEURON_RT_VISIBLE_CORES`` to ``LOCAL_RANK``'s entry before
+anything imports torch (:func:`rank_env`). A
 plan that does not fit (3 ranks on 4 cores, a LNC-2 trial on cores that split physical pairs) is refused
 with one line. A multi-chip trial (``trial.chips = K``, :func:`chip_cores`) is the same plan over K chips'
 cores: one rank per logical core.
@@ -24,6 +29,8 @@ from typing import Any
 LAUNCH_KEYS = ("lnc", "ranks", "neuron_cc_flags")  # study parameters the worker takes out of the trainer config
 LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 CORES_VAR = "NEURON_RT_VISIBLE_CORES"  # set by Ray for a task holding neuron_cores
+RANK_CORES_VAR = "TRNSWEEP_RANK_CORES"  # each torchrun rank's core, in local-rank order ("4,5,6,7")
+RANK_MODULE = "sweep.neuron.rank"  # what torchrun runs in each rank when RANK_CORES_VAR is set
 CC_FLAGS_VAR = "NEURON_CC_FLAGS"
 DEFAULT_NODE_LNC = 2  # Trainium2's default, and render-cluster's
 LNC_VALUES = (1, 2)
@@ -106,6 +113,27 @@ def map_ranks(cores: Sequence[int], ranks: int, lnc: int) -> list[int]:
                           f"({format_cores(cores)}): ranks must divide the core count")
     share = n // ranks
     return [cores[r * share] for r in range(ranks)]
+
+
+def rank_env(env: Mapping[str, str]) -> dict[str, str]:
+    """This rank's ``NEURON_RT_VISIBLE_CORES`` (one core) from ``TRNSWEEP_RANK_CORES`` and ``LOCAL_RANK``.
+
+    Empty when the launch gave no per-rank list (a single-rank trial, or a run outside the sweep, where
+    TorchNeuron's own default, core = local rank, applies).
+    """
+    listed = env.get(RANK_CORES_VAR, "").strip()
+    if not listed:
+        return {}
+    try:
+        cores = [int(c) for c in listed.split(",")]
+        local_rank = int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise LaunchError(f"{RANK_CORES_VAR}={listed!r} with LOCAL_RANK={env.get('LOCAL_RANK')!r}: "
+                          "expected integers") from None
+    if not 0 <= local_rank < len(cores):
+        raise LaunchError(f"LOCAL_RANK={local_rank} has no core in {RANK_CORES_VAR}={listed!r} "
+                          f"({len(cores)} rank(s) planned)")
+    return {CORES_VAR: str(cores[local_rank])}
 
 
 def launch_values(config: Mapping[str, Any], default_ranks: int = 1,

@@ -1,9 +1,13 @@
 """The node's Neuron devices (``neuron-ls``) and a trial's utilisation (``neuron-monitor``).
 
 ``neuron-ls --json-output`` (where installed) must show every core assigned to a trial; other processes
-on the trial's devices are recorded. Where ``neuron-monitor`` is on PATH, :class:`MonitorSampler` reads
+on the trial's devices are recorded. Where ``neuron-monitor`` is installed, :class:`MonitorSampler` reads
 its JSON reports during the trial and keeps, for the trial's own runtimes (found by pid: the processes
 carrying the trial token), the mean NeuronCore utilisation and the peak device memory.
+
+The tools come with the ``aws-neuronx-tools`` package in ``/opt/aws/neuron/bin``, which the Neuron setup
+guides add to PATH; they are looked for on PATH and then there. A missing tool is said once per process
+in one line (log warning) and recorded with the trial (``neuron_tools_missing``), never skipped silently.
 """
 
 from __future__ import annotations
@@ -24,8 +28,30 @@ from pathlib import Path
 from typing import Any
 
 from sweep.neuron.launch import CORES_VAR, LaunchError, format_cores
+from sweep.neuron.versions import NEURON_TOOLS_BIN
 
 log = logging.getLogger("sweep.neuron")
+TOOL_DIRS = (NEURON_TOOLS_BIN,)  # where aws-neuronx-tools installs neuron-ls and neuron-monitor
+ATTR_TOOLS_MISSING = "neuron_tools_missing"
+_SKIPPED = {"neuron-ls": "the trial's cores are not checked against the node's devices",
+            "neuron-monitor": "no NeuronCore utilisation or device memory is recorded"}
+_said: set[str] = set()
+
+
+def find_tool(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """A Neuron tool's path: on PATH, else in /opt/aws/neuron/bin; None when it is in neither."""
+    found = shutil.which(name, path=(os.environ if env is None else env).get("PATH", ""))
+    return found or shutil.which(name, path=os.pathsep.join(TOOL_DIRS))
+
+
+def missing_tool(name: str) -> str:
+    """The one line that says a tool is missing and what goes without it (logged once per process)."""
+    line = (f"{name} not found on PATH or in {os.pathsep.join(TOOL_DIRS)} (package aws-neuronx-tools): "
+            f"{_SKIPPED.get(name, 'skipped')}")
+    if name not in _said:
+        _said.add(name)
+        log.warning("%s", line)
+    return line
 
 
 @dataclass(frozen=True)
@@ -58,9 +84,11 @@ def parse_neuron_ls(obj: Any) -> list[Device]:
 
 
 def neuron_ls(env: Mapping[str, str] | None = None, timeout: float = 20.0) -> list[Device] | None:
-    """The node's devices from ``neuron-ls --json-output``; None when the tool is absent or fails."""
-    exe = shutil.which("neuron-ls", path=(env or os.environ).get("PATH"))
+    """The node's devices from ``neuron-ls --json-output``; None when the tool is absent (said in one line)
+    or fails."""
+    exe = find_tool("neuron-ls", env)
     if exe is None:
+        missing_tool("neuron-ls")
         return None
     try:
         out = subprocess.run([exe, "--json-output"], capture_output=True, timeout=timeout, check=True,
@@ -125,6 +153,48 @@ def monitor_sample(report: Mapping[str, Any], pids: set[int] | None = None) -> t
     return (utils, device, host) if found else None
 
 
+def monitor_once(env: Mapping[str, str] | None = None, timeout: float = 30.0,
+                 config_dir: str | None = None) -> dict[str, Any]:
+    """The first report ``neuron-monitor`` prints with :data:`MONITOR_CONFIG`; raises RuntimeError saying why not.
+
+    Used by the preflight: a tool that is missing, exits, prints no JSON object or stays silent past
+    ``timeout`` seconds is a node whose trials would record no utilisation.
+    """
+    env = dict(os.environ if env is None else env)
+    exe = find_tool("neuron-monitor", env)
+    if exe is None:
+        raise RuntimeError(f"neuron-monitor is not on PATH or in {os.pathsep.join(TOOL_DIRS)}")
+    fd, config = tempfile.mkstemp(prefix="neuron-monitor-", suffix=".json", dir=config_dir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(MONITOR_CONFIG, f)
+    proc = subprocess.Popen([exe, "-c", config], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env)
+    lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()) if proc.stdout else None,
+                              daemon=True)
+    reader.start()
+    reader.join(timeout)
+    try:
+        if reader.is_alive() or not lines or not lines[0]:
+            code = proc.poll()
+            why = f"exited with {code}" if code is not None else f"printed nothing in {timeout:g} s"
+            raise RuntimeError(f"neuron-monitor {why}")
+        try:
+            report = json.loads(lines[0])
+        except ValueError:
+            raise RuntimeError(f"neuron-monitor printed no JSON: {lines[0][:120]!r}") from None
+        if not isinstance(report, dict):
+            raise RuntimeError("neuron-monitor printed JSON that is not a report object")
+        return report
+    finally:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            os.unlink(config)
+
+
 class MonitorSampler:
     """Runs ``neuron-monitor`` beside a trial and summarises the trial's share of its reports."""
 
@@ -144,11 +214,13 @@ class MonitorSampler:
         self._util_n = 0
         self.device_peak = 0
         self.host_peak = 0
+        self.missing: str | None = None  # the line saying neuron-monitor is missing, when it is
 
     def start(self) -> bool:
-        """Start sampling; False (and nothing started) where neuron-monitor is not on PATH."""
-        exe = shutil.which("neuron-monitor")
+        """Start sampling; False (and nothing started, said in one line) where neuron-monitor is missing."""
+        exe = find_tool("neuron-monitor")
         if exe is None:
+            self.missing = missing_tool("neuron-monitor")
             return False
         fd, path = tempfile.mkstemp(prefix="neuron-monitor-", suffix=".json", dir=self._config_dir)
         with os.fdopen(fd, "w") as f:

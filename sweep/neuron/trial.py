@@ -1,8 +1,9 @@
 """One Neuron trial: its launch plan, cache and utilisation, from before the trainer starts to its outcome.
 
 :class:`TrialLaunch` strips the launch keys from the trainer's config and turns them into environment
-and torchrun arguments, narrows ``NEURON_RT_VISIBLE_CORES`` to the ranks' cores (so
-``neuron:LOCAL_RANK`` is the mapped core), points the compile caches at the trial's cache and records
+and torchrun arguments, narrows ``NEURON_RT_VISIBLE_CORES`` to the ranks' cores (one core per process:
+a single rank sees its core as ``neuron:0``; several ranks each get their own through
+:mod:`sweep.neuron.rank`), points the compile caches at the trial's cache and records
 what happened. It lives apart from ``launch`` because it draws on every other module of the package.
 """
 
@@ -19,11 +20,13 @@ from typing import Any
 from sweep.neuron.cache import (
     MIN_CACHE_FREE_BYTES,
     NEFF_DISABLE_VAR,
+    PUSH_MIN_AGE_S,
     CacheLocation,
     cache_entries,
     cache_location,
     cache_outcome,
     compile_seconds,
+    run_sync,
 )
 from sweep.neuron.graph import ATTR_GRAPH_KEY, graph_key
 from sweep.neuron.launch import (
@@ -32,13 +35,15 @@ from sweep.neuron.launch import (
     DEFAULT_NODE_LNC,
     LAUNCH_KEYS,
     LNC_VAR,
+    RANK_CORES_VAR,
+    RANK_MODULE,
     format_cores,
     launch_values,
     map_ranks,
     parse_cores,
     to_trial_lnc,
 )
-from sweep.neuron.monitor import MonitorSampler, check_node, neuron_ls
+from sweep.neuron.monitor import ATTR_TOOLS_MISSING, MonitorSampler, check_node, find_tool, neuron_ls
 
 
 @dataclass
@@ -56,11 +61,14 @@ class TrialLaunch:
     cache: CacheLocation | None = None
     cache_before: set[str] = field(default_factory=set)
     sampler: MonitorSampler | None = None
+    rank_module: str | None = None  # torchrun runs this in each rank (it narrows the cores, then the trainer)
+    sync: Callable[[str, str, float], str | None] = run_sync  # S3 <-> the NEFF mirror (cache.run_sync)
 
     @classmethod
     def prepare(cls, config: Mapping[str, Any], default_ranks: int, task_env: Mapping[str, str],
                 compile_cache: str = "", node_env: Mapping[str, str] | None = None,
-                pids: Callable[[], Iterable[int]] | None = None, workdir: Path | None = None) -> TrialLaunch:
+                pids: Callable[[], Iterable[int]] | None = None, workdir: Path | None = None,
+                sync: Callable[[str, str, float], str | None] | None = None) -> TrialLaunch:
         node_env = dict(os.environ if node_env is None else node_env)
         env = {**node_env, **task_env}
         ranks, lnc, flags = launch_values(config, default_ranks, task_env)
@@ -68,6 +76,8 @@ class TrialLaunch:
         with contextlib.suppress(ValueError, TypeError):  # a mistyped config is the trainer's to refuse
             attrs[ATTR_GRAPH_KEY] = graph_key(config, default_ranks, task_env)
         launch = cls({k: v for k, v in config.items() if k not in LAUNCH_KEYS}, ranks, attrs=attrs)
+        if sync is not None:
+            launch.sync = sync
         if lnc is not None:
             launch.env[LNC_VAR] = str(lnc)
             attrs["launch_lnc"] = lnc
@@ -81,9 +91,14 @@ class TrialLaunch:
             devices = neuron_ls(node_env)
             if devices is not None:
                 attrs.update(check_node(devices, assigned))
+            elif find_tool("neuron-ls", node_env) is None:
+                attrs.setdefault(ATTR_TOOLS_MISSING, []).append("neuron-ls")
             trial_lnc = lnc or node_lnc
             rank_cores = map_ranks(to_trial_lnc(assigned, node_lnc, trial_lnc), ranks, trial_lnc)
             launch.env[CORES_VAR] = format_cores(rank_cores)
+            if ranks > 1:  # TorchNeuron wants one core per process: each rank narrows to its own
+                launch.env[RANK_CORES_VAR] = ",".join(map(str, rank_cores))
+                launch.rank_module = RANK_MODULE
             attrs.update(neuron_cores_assigned=format_cores(assigned), neuron_rank_cores=format_cores(rank_cores))
         neuron = bool(visible) or config.get("device") == "neuron" or bool(compile_cache)
         if neuron:
@@ -104,6 +119,10 @@ class TrialLaunch:
         except OSError as e:
             self.attrs["compile_cache_error"] = f"{type(e).__name__}: {e}"[:300]
             return
+        if loc.remote:  # what other nodes compiled, before the trainer looks
+            error = self.sync(loc.remote, loc.neff_dir, 0.0)
+            if error:
+                self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
         if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
             self.env[NEFF_DISABLE_VAR] = "1"
             self.attrs["compile_cache_error"] = f"cache disabled: {free / 1024**3:.1f} GiB free under {dirs[0]}"
@@ -111,6 +130,8 @@ class TrialLaunch:
 
     def started(self) -> None:
         if self.sampler is not None and not self.sampler.start():
+            if self.sampler.missing:
+                self.attrs.setdefault(ATTR_TOOLS_MISSING, []).append("neuron-monitor")
             self.sampler = None
 
     def finished(self, record: Mapping[str, Any] | None, launch_unix: float | None,
@@ -121,6 +142,10 @@ class TrialLaunch:
         if self.cache is not None and rec.get("device", "neuron") == "neuron":
             compiled = first_step_unix is not None or bool(rec.get("steps"))
             self.attrs.update(cache_outcome(self.cache_before, cache_entries(self.cache.local_dirs()), compiled))
+            if self.cache.remote and compiled:  # share what this trial compiled
+                error = self.sync(self.cache.neff_dir, self.cache.remote, PUSH_MIN_AGE_S)
+                if error:
+                    self.attrs["compile_cache_error"] = f"push: {error}"[:300]
         secs = compile_seconds(rec)
         if secs is not None:
             self.attrs["compile_seconds"] = secs

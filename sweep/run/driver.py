@@ -59,6 +59,9 @@ MAX_CONSTRAINT_REJECTS = 100
 PROGRESS_EVERY_S = 30.0
 PROBE_EVERY_S = 5.0  # how often the driver asks the GCS whether its Ray is there (the pids: every poll)
 EXIT_STOPPED = 3  # stopped before the study was done (its Ray went away, the circuit breaker): resume later
+# How long the driver waits for a store that is away (each storage call, from its first failure) before it
+# gives up and exits: a PostgreSQL restart or failover takes seconds to a minute, its trials keep training.
+STORE_WAIT_S = 300.0
 
 
 class SweepAborted(Exception):
@@ -115,6 +118,8 @@ class Driver:
         self._last_words = ""  # the line a stopped run ends with
         self._store_since: float | None = None  # since when the store cannot be reached
         self._last_scan = 0.0
+        # When the store last came back from an outage this process waited out (unix time).
+        self._store_back = (st.last_outage() or (0.0, 0.0))[1]
         self._last_progress = 0.0
         self._rejects = 0
         self._rng = random.Random()
@@ -217,6 +222,8 @@ class Driver:
         self.start_proxy()
         self.say(f"ray: {self._ray_summary()}; {self.slots()} trial slot(s)")
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        patience = contextlib.ExitStack()
+        patience.enter_context(st.patience(STORE_WAIT_S))  # a store away for a while is waited out, not fatal
         try:
             self.reconcile()
             while self.step():
@@ -234,6 +241,7 @@ class Driver:
             self.abandon("sweep aborted")
             raise
         finally:
+            patience.close()
             for s, h in old.items():
                 signal.signal(s, h)
             self.shutdown()
@@ -588,6 +596,11 @@ class Driver:
         self._last_scan = now
         mine = {s.trial_id: (ref, s) for ref, s in self.inflight.items()}
         wall = time.time()
+        outage = st.last_outage()
+        if outage and outage[1] > self._store_back:
+            self._store_back = outage[1]
+            self.say(f"storage: reachable again after {outage[1] - outage[0]:.0f} s away; "
+                     "heartbeats are judged from its return")
         changed = False
         for t in trials:
             if t.state.name != "RUNNING":
@@ -612,14 +625,15 @@ class Driver:
         slot.started = liveness.started_at(t)
         self._print_reports(slot, t)
         spec = self.spec
-        why = liveness.overdue(t, wall, slot.deadline_s or spec.deadline_s, spec.stop_grace_s, spec.stale_after_s)
+        why = liveness.overdue(t, wall, slot.deadline_s or spec.deadline_s, spec.stop_grace_s, spec.stale_after_s,
+                               self._store_back)
         if why and slot.cancelled is None:
             slot.cancelled = f"{why}; Ray task cancelled"
             ray.cancel(ref, force=True)
         return False
 
     def _check_foreign(self, t: Any, wall: float) -> bool:
-        lost = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id)
+        lost = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id, self._store_back)
         return lost is not None and self.fail(t.number, st.trial_id(t), *lost)
 
     def abandon(self, why: str, kind: str = "lost", cancel: bool = True) -> None:

@@ -115,18 +115,21 @@ def started_at(t: Any) -> float | None:
     return t.system_attrs.get(ATTR_STARTED)
 
 
-def overdue(t: Any, wall: float, deadline_s: float, stop_grace_s: float, stale_after_s: float) -> str | None:
-    """Why the driver's own started trial must be cancelled at unix time ``wall``, or None while it is fine."""
+def overdue(t: Any, wall: float, deadline_s: float, stop_grace_s: float, stale_after_s: float,
+            store_back: float = 0.0) -> str | None:
+    """Why the driver's own started trial must be cancelled at unix time ``wall``, or None while it is fine.
+    No heartbeat could be written while the store was away: its silence counts from ``store_back`` at most."""
     started = t.system_attrs[ATTR_STARTED]
     beat_at = t.system_attrs.get(ATTR_HEARTBEAT, started)
     if wall - started > deadline_s + stop_grace_s + stale_after_s:
         return f"hard deadline {deadline_s:g} s exceeded and the supervisor did not stop it"
-    if wall - max(beat_at, started) > stale_after_s:
+    if wall - max(beat_at, started, store_back) > stale_after_s:
         return f"heartbeat lost: none for {wall - max(beat_at, started):.0f} s"
     return None
 
 
-def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str) -> tuple[str, str] | None:
+def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back: float = 0.0
+             ) -> tuple[str, str] | None:
     """``(fail kind, reason)`` when a RUNNING trial that driver run ``run_id`` does not hold is lost at unix
     time ``wall``, or None while someone may still vouch for it.
 
@@ -134,7 +137,8 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str) -> tuple[st
     became of the driver that asked it (a supervisor may outlive its driver long enough to store its
     result). One still queued in Ray is its driver's: lost at once when that driver is known gone. A
     trial the infrastructure took (its driver died before it could run, or took its task with it) is
-    kind ``infra``: re-run, never counted; one whose own supervisor went silent is ``lost``.
+    kind ``infra``: re-run, never counted; one whose own supervisor went silent is ``lost``. As in
+    :func:`overdue`, a heartbeat's silence counts from ``store_back`` (the store's return) at most.
     """
     owner = t.system_attrs.get(ATTR_DRIVER) or {}
     if owner.get("run") == run_id:
@@ -142,7 +146,7 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str) -> tuple[st
     beat_at = t.system_attrs.get(ATTR_HEARTBEAT)
     if beat_at is None and t.datetime_start is not None:
         beat_at = t.datetime_start.timestamp()
-    stale = beat_at is not None and wall - beat_at > stale_after_s
+    stale = beat_at is not None and wall - max(beat_at, store_back) > stale_after_s
     alive = process_alive(owner) if owner else None
     driver = f"its driver (pid {owner.get('pid')} on {owner.get('host')})"
     if started_at(t) is not None:

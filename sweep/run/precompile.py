@@ -232,8 +232,8 @@ def run(spec: Any, shapes: list[Shape], url: str | None, out: TextIO, require: s
             ray.init(address=address, **kwargs)
         else:
             with quiet_local_token_notice():
-                ray.init(include_dashboard=False, num_cpus=os.cpu_count() or 1, object_store_memory=200 * 1024**2,
-                         **kwargs)
+                ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count() or 1,
+                         object_store_memory=200 * 1024**2, **kwargs)
             started = True
     try:
         if require and ray.cluster_resources().get(require, 0) <= 0:

@@ -93,13 +93,19 @@ class TrialTask:
         return round(self.budget_s)
 
 
-def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: str | None = None) -> list[str]:
-    """The trainer's command line; torchrun when the spec asks for several ranks."""
+def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: str | None = None,
+                    rank_module: str | None = None) -> list[str]:
+    """The trainer's command line; torchrun when the spec asks for several ranks.
+
+    ``rank_module`` (the Neuron launch plan's, :mod:`sweep.neuron.rank`) runs first in each rank, so
+    every rank holds its own NeuronCore before the trainer imports torch.
+    """
     python = python or sys.executable
     args = ["--config", str(config_path), "--budget-s", f"{task.budget_s:g}", "--json", "--out-dir", str(out_dir)]
     if task.ranks > 1:
+        entry = [rank_module, task.trainer] if rank_module else [task.trainer]
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(task.ranks),
-                "-m", task.trainer, *args]
+                "-m", *entry, *args]
     return [python, "-m", task.trainer, *args]
 
 
@@ -165,7 +171,8 @@ class Supervisor:
         self._files += [stderr, events]
         env = {**os.environ, **task.env, **self.launch.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        cmd = trainer_command(replace(task, ranks=self.launch.ranks), config_path, self.artifact_dir, self.python)
+        cmd = trainer_command(replace(task, ranks=self.launch.ranks), config_path, self.artifact_dir, self.python,
+                              self.launch.rank_module)
         self.launch_unix = time.time()
         launched = time.monotonic()
         deadline = launched + task.deadline_s

@@ -22,7 +22,7 @@ from sweep.store._optuna import (
 )
 from sweep.store.opening import ENGINE_KWARGS, WORKER_REFRESH_S, forget_shared, open_storage
 from sweep.store.proxy import PROXY_READ_TTL_S, PROXY_THREADS, StorageProxy, proxy_host, serve_proxy
-from sweep.store.retry import first_line, is_transient, retry
+from sweep.store.retry import first_line, is_transient, last_outage, patience, retry
 from sweep.store.schema import SWEEP_INDEXES, ensure_indexes
 from sweep.store.urls import (
     DEFAULT_STORAGE,
@@ -42,7 +42,8 @@ __all__ = [
     "DEFAULT_STORAGE", "ENGINE_KWARGS", "ENV_PROXY", "ENV_PROXY_HOST", "ENV_STORAGE", "PROXY_READ_TTL_S",
     "PROXY_SCHEME", "PROXY_THREADS", "SWEEP_INDEXES", "StorageError", "StorageProxy", "WORKER_REFRESH_S",
     "cached_study", "engine_of", "ensure_indexes", "first_line", "forget_shared", "is_database", "is_proxy",
-    "is_transient", "journal_path", "open_storage", "password", "proxy_host", "proxy_wanted", "redact",
+    "is_transient", "journal_path", "last_outage", "open_storage", "password", "patience", "proxy_host",
+    "proxy_wanted", "redact",
     "resolve_url", "retry", "scrub", "seed_grpc_cache", "serve_proxy", "study_id", "study_storage", "trial_id",
     "reported_steps", "forget_cached_trials",
 ]

@@ -9,8 +9,8 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from sweep.redact import scrub
 
@@ -64,24 +64,60 @@ def _grpc_transient(e: BaseException) -> bool:
     return code in ("UNKNOWN", "INTERNAL") and any(w in details for w in _PROXIED_DB_TROUBLE)
 
 
+# A process's patience with a store that is away: None (the attempts alone, what workers keep) or the
+# seconds to go on retrying past them (the driver's stated limit: its dying would strand every trial), and
+# the last outage a retry saw end, as unix times (first failure, success after it).
+_STORE: dict[str, Any] = {"patience_s": None, "outage": None}
+
+
+@contextlib.contextmanager
+def patience(seconds: float) -> Iterator[None]:
+    """Within this block, :func:`retry` waits up to ``seconds`` for a store that is away before it fails."""
+    old = _STORE["patience_s"]
+    _STORE["patience_s"] = seconds
+    try:
+        yield
+    finally:
+        _STORE["patience_s"] = old
+
+
+def last_outage() -> tuple[float, float] | None:
+    """(first failure, recovery) of the last store outage a retry in this process waited out, unix times."""
+    return _STORE["outage"]
+
+
 def retry(fn: Callable[[], T], *, what: str = "storage call", attempts: int = 8, base_s: float = 0.25,
           max_s: float = 8.0, url: str | None = None) -> T:
     """Run ``fn``, retrying transient database errors with jittered exponential backoff.
 
-    About a minute in total with the defaults: long enough for a PostgreSQL restart, short enough
-    that a database that is really gone fails the caller instead of hanging it.
+    12 to 24 s in total with the defaults: long enough for a PostgreSQL restart, short enough that a
+    database that is really gone fails the caller instead of hanging it. Within :func:`patience`, it goes
+    on past the attempts until that many seconds have passed since the first failure.
     """
-    for attempt in range(attempts):
+    first: float | None = None
+    attempt = 0
+    while True:
         try:
-            return fn()
+            out = fn()
         except Exception as e:
-            if not is_transient(e) or attempt == attempts - 1:
+            if not is_transient(e):
+                raise
+            first = first or time.time()
+            waited = time.time() - first
+            limit = _STORE["patience_s"]
+            if attempt >= attempts - 1 and (limit is None or waited >= limit):
                 raise
             delay = min(max_s, base_s * 2**attempt) * (0.5 + random.random() / 2)
-            log.warning("%s failed (%s); retry %d/%d in %.1fs", what, scrub(first_line(e), url),
-                        attempt + 1, attempts - 1, delay)
+            if limit is not None:
+                delay = max(0.0, min(delay, limit - waited))
+            attempt += 1
+            log.warning("%s failed (%s); retry %d%s in %.1fs", what, scrub(first_line(e), url), attempt,
+                        f"/{attempts - 1}" if limit is None else f" ({waited:.0f} of {limit:g} s waited)", delay)
             time.sleep(delay)
-    raise AssertionError("unreachable")
+            continue
+        if first is not None:
+            _STORE["outage"] = (first, time.time())
+        return out
 
 
 

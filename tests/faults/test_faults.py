@@ -10,6 +10,10 @@ writes to ``$FAULTS_REPORT`` when set).
 
 The default run is short (2 trials of 3 s per sweep); ``FAULTS_FULL=1`` runs longer budgets and
 more trials. ``make faults`` runs only this module (``-m faults``).
+
+The studies live on a PostgreSQL server of the module's own (``private_pg``, tests.pg_cluster): the
+faults stop and restart it, never the machine's server. Only processes this module started (by pid)
+are signalled.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +40,12 @@ from sweep import store as st
 from sweep.run.driver import Driver
 from sweep.run.outcome import counts, needs_rerun, needs_retry
 from sweep.spec import load
+from tests import pg_cluster
+from tests.pg_cluster import PgCluster
 from tests.sweep_fixtures import (
-    PG_ADMIN,
     ROOT,
     load_trials,
-    pg_available,
+    local_ray,
     processes_with,
     sweep_cmd,
     sweep_env,
@@ -57,10 +61,9 @@ TRIAL = {"budget_s": BUDGET_S, "startup_allowance_s": 30, "eval_timeout_s": 20, 
          "heartbeat_s": 1, "stale_after_s": 8, "stop_grace_s": 3}
 HEALTHY = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
 FAULTY_SEED = 7  # the trainer seed of the one faulted trial: TRNSWEEP_FAULT names it (model.faults)
-PG_CLUSTER = ("15", "main")
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow,
-              pytest.mark.skipif(not pg_available(), reason="PostgreSQL on 127.0.0.1:5432 is not running")]
+              pytest.mark.skipif(pg_cluster.available() is not None, reason=str(pg_cluster.available()))]
 
 ROWS: list[dict[str, Any]] = []
 
@@ -111,37 +114,17 @@ def ray_cluster() -> Iterator[str]:
     """One local Ray for the module; in-process drivers use it, subprocess drivers join it by address."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2,
-             namespace="sweep-faults")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    with local_ray("sweep-faults"):
+        yield ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A throwaway database, dropped over a fresh connection (a restarted server closes old ones)."""
-    name = f"sweep_faults_{uuid.uuid4().hex[:12]}"
-    _admin(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg2://{PG_ADMIN['user']}@{PG_ADMIN['host']}:{PG_ADMIN['port']}/{name}"
-    finally:
-        wait_for(lambda: _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'), 60, what="the database dropped")
-
-
-def _admin(sql: str) -> bool:
-    import psycopg2
-
-    try:
-        conn = psycopg2.connect(connect_timeout=3, **PG_ADMIN)
-    except psycopg2.OperationalError:
-        return False
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(sql)
-    finally:
-        conn.close()
-    return True
+def pg_url(private_pg: PgCluster) -> Iterator[str]:
+    """A throwaway database on the module's own server, dropped over a fresh connection."""
+    if not private_pg.running():  # a fault that failed half-way left it stopped
+        private_pg.start()
+    with private_pg.database() as url:
+        yield url
 
 
 @dataclass
@@ -203,8 +186,10 @@ def stepping(sw: Sweep, number: int) -> bool:
 
 
 def trainer_pids(sw: Sweep, number: int | None = None) -> list[int]:
-    """Live trainer processes of this sweep (of one trial number when given)."""
-    marker = f"/{sw.name}/{number}/" if number is not None else sw.name
+    """Live trainer processes of this sweep (of one trial number when given: those under this test's own
+    artifacts directory, the only ones a test may signal; without a number, any that names the sweep,
+    its scratch fallback included, for the checks that wait for them to be gone)."""
+    marker = f"{sw.art / sw.name}/{number}/" if number is not None else sw.name
     pids = []
     for pid in processes_with(marker):
         with contextlib.suppress(OSError):
@@ -402,28 +387,23 @@ def test_sigkill_of_the_driver_then_resume(ray_cluster, make_sweep, tmp_path):
     record("SIGKILL driver, resume", outcome_text(res["trials"]), res["lost"], min(later) - t_kill if later else None)
 
 
-def _pg_ctl_available() -> bool:
-    return shutil.which("pg_ctlcluster") is not None and os.geteuid() == 0
+# The store unreachable for this long mid-sweep: a minute in the full run, a few seconds in the short one.
+OUTAGE_S = 60 if FULL else 5
 
 
-@pytest.mark.skipif(not _pg_ctl_available(), reason="needs root and pg_ctlcluster to restart PostgreSQL")
-# One restart per short run; FAULTS_FULL=1 restarts behind the gRPC proxy too.
-@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
-def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, monkeypatch, proxy):
-    sw = make_sweep("f_pg_restart_proxy" if proxy else "f_pg_restart")
-    if proxy:
-        monkeypatch.setenv(st.ENV_PROXY, "1")
+def _store_fault(sw: Sweep, fault: Callable[[], None]) -> dict[str, Any]:
+    """Run the sweep while ``fault`` takes its store away and gives it back once both trials train; when
+    it came back (``t1``) and when the sweep first wrote to it again."""
 
     def inject() -> dict[str, Any]:
         wait_for(lambda: stepping(sw, 0) and stepping(sw, 1), 120, what="both trials training")
         before = snapshot(sw)
         t0 = time.time()
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "restart"], check=True,
-                       timeout=120, capture_output=True)
+        fault()
         t1 = time.time()
 
         def fresh_write() -> float | None:
-            """When the sweep wrote to the store again: a heartbeat, a start or an end after the restart
+            """When the sweep wrote to the store again: a heartbeat, a start or an end after the fault
             (or, if every trial ended before it, the first successful read)."""
             with contextlib.suppress(Exception):
                 ts = load_trials(sw.url, sw.name)
@@ -435,16 +415,52 @@ def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, monkeypatch, proxy)
                     return time.time()
             return None
 
-        back = wait_for(fresh_write, 90, interval=0.2, what="a write to the store after the restart")
-        return {"before": before, "recover_s": back - t0, "outage_s": t1 - t0}
+        back = wait_for(fresh_write, 90, interval=0.2, what="a write to the store after the fault")
+        return {"before": before, "t0": t0, "t1": t1, "back": back}
 
     got = run_driver(sw, inject)
     res = settle(sw, got["before"])
-    assert [t.state.name for t in res["trials"]] == ["COMPLETE"] * len(res["trials"]), outcome_text(res["trials"])
+    reasons = {t.number: t.user_attrs.get("fail_reason") for t in res["trials"] if t.state.name != "COMPLETE"}
+    assert not reasons, f"{outcome_text(res['trials'])}: {reasons}\n{sw.log[-3000:]}"
+    # Nothing counted that did not run: every trial counted started its trainer exactly once and trained.
+    assert all(starts(sw, t.number) == 1 and stepping(sw, t.number) for t in res["trials"]), \
+        {t.number: starts(sw, t.number) for t in res["trials"]}
+    return {**got, **res}
+
+
+# One restart per short run; FAULTS_FULL=1 restarts behind the gRPC proxy too.
+@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
+def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, private_pg, monkeypatch, proxy):
+    sw = make_sweep("f_pg_restart_proxy" if proxy else "f_pg_restart")
+    if proxy:
+        monkeypatch.setenv(st.ENV_PROXY, "1")
+    got = _store_fault(sw, private_pg.restart)  # the module's own server, never the machine's
     if proxy:
         assert "storage proxy: workers use grpc://" in sw.log, sw.log
     record("PostgreSQL restart" + (" behind the proxy" if proxy else ""),
-           outcome_text(res["trials"]) + f"; restart took {got['outage_s']:.1f} s", res["lost"], got["recover_s"])
+           outcome_text(got["trials"]) + f"; restart took {got['t1'] - got['t0']:.1f} s", got["lost"],
+           got["back"] - got["t0"])
+
+
+# FAULTS_FULL=1 cuts the store off behind the gRPC proxy too (the workers reach it through the driver's proxy).
+@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
+def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg, monkeypatch, proxy):
+    sw = make_sweep("f_store_away_proxy" if proxy else "f_store_away")
+    if proxy:
+        monkeypatch.setenv(st.ENV_PROXY, "1")
+
+    def outage() -> None:
+        private_pg.stop()  # every connection refused until it is back
+        time.sleep(OUTAGE_S)
+        private_pg.start()
+
+    got = _store_fault(sw, outage)
+    assert "storage: reachable again after" in sw.log, sw.log  # the driver waited it out and said so
+    if proxy:
+        assert "storage proxy: workers use grpc://" in sw.log, sw.log
+    # Time to recover: from the store's return to the sweep's first write to it.
+    record(f"store unreachable {OUTAGE_S} s" + (" behind the proxy" if proxy else ""),
+           outcome_text(got["trials"]) + f"; {got['done']} counted", got["lost"], got["back"] - got["t1"])
 
 
 def _trainer_fault(make_sweep: Callable[..., Sweep], name: str, fault: str, **kw: Any) -> tuple[Sweep, dict[str, Any]]:
@@ -600,6 +616,32 @@ def test_worker_cache_reads_new_trials_at_once_and_running_ones_within_its_refre
     worker._backend.engine.dispose()
 
 
+def command_line(pid: int) -> list[str]:
+    """A process's arguments, one string each (/proc's cmdline separates them with NUL bytes)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+
+
+def url_parts_in(args: list[str], url: str) -> list[str]:
+    """The arguments that hold the database URL, or its address and user without the database name."""
+    return [a for a in args if url in a or url.rsplit("/", 1)[0] in a]
+
+
+def test_the_command_line_check_sees_a_url_that_is_there(pg_url):
+    """What the proxy test's command-line check says of a process that does carry the URL."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"--storage={pg_url}"])
+    try:
+        args = wait_for(lambda: (a := command_line(proc.pid))[1:2] == ["-c"] and a, 10, what="the child's exec")
+        assert url_parts_in(args, pg_url) == [f"--storage={pg_url}"]
+        assert url_parts_in(args, pg_url.rsplit("/", 1)[0] + "/other") == [f"--storage={pg_url}"]
+        # The check it replaces joined the characters of the text with spaces, and so never saw it.
+        assert pg_url.rsplit(":", 1)[0] not in " ".join(Path(f"/proc/{proc.pid}/cmdline").read_text())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypatch):
     # Every read full: the pruner sees trials told just now.
     monkeypatch.setattr("sweep.store.opening.WORKER_REFRESH_S", 0.0)
@@ -608,7 +650,9 @@ def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypat
     proxy = st.StorageProxy(pg_url)
     try:
         assert proxy.url.startswith("grpc://127.0.0.1:")
-        assert pg_url.rsplit(":", 1)[0] not in " ".join(Path(f"/proc/{proxy.proc.pid}/cmdline").read_text())
+        args = command_line(proxy.proc.pid)
+        assert "sweep.store" in args and "proxy" in args, args  # the proxy's own command line was read
+        assert not url_parts_in(args, pg_url), args  # its URL came through the environment
         worker = st.open_storage(proxy.url, role="worker")
         remote = optuna.load_study(study_name="proxied", storage=worker,
                                    pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
@@ -623,9 +667,13 @@ def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypat
         assert [t.value for t in study.get_trials()] == [1.0, 2.0, 3.0]
     finally:
         proxy.close()
-    with pytest.raises(Exception) as info:
-        remote.ask()
-    assert st.is_transient(info.value), info.value  # retried like a database restart, not fatal
+    try:
+        with pytest.raises(Exception) as info:
+            remote.ask()
+        assert st.is_transient(info.value), info.value  # retried like a database restart, not fatal
+    finally:  # the client's channel, which would keep gRPC's threads running to the interpreter's exit
+        worker.close()
+        st.forget_shared()
 
 
 # -- the infrastructure around the trials: Ray and the driver ------------------------------------------

@@ -220,18 +220,44 @@ def test_ami_from_ssm_parameter(aws):
 
 def test_ami_public_parameter_path_and_absence():
     ssm = boto3.client("ssm", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    assert ami.DEFAULT_SSM_PARAMETER == "/aws/service/neuron/dlami/torch-neuronx-2.14.0/ubuntu-24.04/latest/image_id"
     with Stubber(ssm) as stub:
         stub.add_response("get_parameter", {"Parameter": {"Name": ami.DEFAULT_SSM_PARAMETER, "Type": "String",
                                                           "Value": "ami-0abcdef1234567890"}},
-                          {"Name": "/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id"})
+                          {"Name": ami.DEFAULT_SSM_PARAMETER})
         assert ami.resolve(ssm) == "ami-0abcdef1234567890"
         stub.add_client_error("get_parameter", service_error_code="ParameterNotFound", http_status_code=400)
-        with pytest.raises(BadInput, match="does not exist in us-east-2"):
+        stub.add_response("get_parameters_by_path", {"Parameters": []},
+                          {"Path": "/aws/service/neuron/dlami", "Recursive": True})
+        with pytest.raises(BadInput, match="does not exist in us-east-2 .the Deep Learning AMI Neuron torch-neuronx"):
             ami.resolve(ssm)
     with pytest.raises(BadInput, match="starting with '/'"):
         ami.resolve(ssm, "aws/service/x")
     with pytest.raises(BadInput, match="not an AMI id"):
         ami.check_ami_id("ami-xyz")
+
+
+def test_ami_finds_the_torchneuron_dlami_where_the_guessed_name_is_absent():
+    """The default name is the documented pattern filled in; AWS's own listing decides where it differs."""
+    ssm = boto3.client("ssm", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    listed = ["/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id",  # no PyTorch venv
+              "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id",  # the XLA line
+              "/aws/service/neuron/dlami/pytorch-2.14/ubuntu-26.04/latest/image_id",  # another OS
+              "/aws/service/neuron/dlami/pytorch-2.14/ubuntu-24.04/latest/image_id"]
+    with Stubber(ssm) as stub:
+        stub.add_client_error("get_parameter", service_error_code="ParameterNotFound", http_status_code=400)
+        stub.add_response("get_parameters_by_path",
+                          {"Parameters": [{"Name": n, "Type": "String", "Value": "ami-00000000000000000"}
+                                          for n in listed[:2]], "NextToken": "t"},
+                          {"Path": "/aws/service/neuron/dlami", "Recursive": True})
+        stub.add_response("get_parameters_by_path",
+                          {"Parameters": [{"Name": n, "Type": "String", "Value": "ami-00000000000000000"}
+                                          for n in listed[2:]]},
+                          {"Path": "/aws/service/neuron/dlami", "Recursive": True, "NextToken": "t"})
+        stub.add_response("get_parameter", {"Parameter": {"Name": listed[3], "Type": "String",
+                                                          "Value": "ami-0fedcba9876543210"}}, {"Name": listed[3]})
+        assert ami.resolve(ssm) == "ami-0fedcba9876543210"
+        stub.assert_no_pending_responses()
 
 
 # -- IAM ------------------------------------------------------------------------------------------
@@ -269,13 +295,13 @@ def test_security_group_ssh_from_cidr_and_members_only(aws):
     again = network.ensure(ec2, "demo", ["203.0.113.7/32", "2001:db8::/64"])
     assert not again["created"] and again["group_id"] == out["group_id"]
     perms = ec2.describe_security_groups(GroupIds=[out["group_id"]])["SecurityGroups"][0]["IpPermissions"]
-    open_ports = set()
+    open_ports, members = set(), set()
     for p in perms:
         for r in p.get("IpRanges", []) + p.get("Ipv6Ranges", []):
             open_ports.add((p.get("FromPort"), r.get("CidrIp") or r.get("CidrIpv6")))
-        for g in p.get("UserIdGroupPairs", []):
-            assert p["IpProtocol"] == "-1" and g["GroupId"] == out["group_id"]
+        members |= {(p["IpProtocol"], g["GroupId"]) for g in p.get("UserIdGroupPairs", [])}
     assert open_ports == {(22, "203.0.113.7/32"), (22, "2001:db8::/64")}
+    assert members == {("-1", out["group_id"])}  # every port between the group's own members, and no one else
     assert network.ensure(ec2, "demo", ["0.0.0.0/0"])["warning"]
     with pytest.raises(BadInput, match="not an IPv4/IPv6 network"):
         network.ensure(ec2, "demo", ["my-laptop"])

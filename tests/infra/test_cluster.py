@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import boto3
@@ -22,6 +23,7 @@ import yaml
 from infra import cluster, network
 from infra.aws import BadInput, InfraError
 from infra.cli import main
+from sweep.neuron import versions
 
 REGION = "us-east-2"
 AMI = "ami-0123456789abcdef0"
@@ -71,8 +73,12 @@ def test_rendered_config_details(tmp_path):
     assert "bash ~/trnsweep/infra/ray/head_postgres.sh" in cfg["head_setup_commands"]
     start = " ".join(cfg["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in start and "cluster.env" in start
-    assert "'torch==2.13.0'" in " ".join(cfg["worker_setup_commands"])
-    assert "pip.repos.neuron.amazonaws.com" in " ".join(cfg["worker_setup_commands"])
+    assert "TORCH_PIN='torch==2.13.0'" in " ".join(cfg["head_setup_commands"])  # the head: CPU torch
+    workers = " ".join(cfg["worker_setup_commands"])  # trn2: the TorchNeuron DLAMI's venv, then the pinned extra
+    assert "make install" not in workers and "torch==2.13.0" not in workers
+    assert f"worker_venv.sh '{versions.DLAMI_VENV}'" in workers and "-e '.[neuron]'" in workers
+    assert "pip.repos.neuron.amazonaws.com" in workers
+    assert workers.index("worker_venv.sh") < workers.index("pip install")
     text = yaml.safe_dump(cfg)
     assert "@" not in text.replace("user@", "")  # no placeholder left
 
@@ -211,8 +217,39 @@ def test_cli_render(moto_aws, tmp_path, capsys):
 
 
 def test_node_scripts_parse():
-    for script in ("head_postgres.sh", "node_sync.sh"):
+    for script in ("head_postgres.sh", "node_sync.sh", "worker_venv.sh"):
         subprocess.run(["bash", "-n", str(cluster.TEMPLATE.parent / script)], check=True)
+
+
+def test_nodes_have_the_neuron_tools_on_path(tmp_path):
+    env = cluster.env_file(options(tmp_path))
+    assert 'export PATH="$PATH:/opt/aws/neuron/bin"' in env
+    assert "TORCH_NEURONX_NEFF_CACHE_DIR" in env
+    out = subprocess.run(["bash", "-c", f"PATH=/usr/bin:/bin; HOME={tmp_path}; {env}\necho $PATH"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip().split(":")[-1] == "/opt/aws/neuron/bin"
+
+
+def test_worker_venv_sees_the_dlami_venvs_packages_without_writing_to_it(tmp_path):
+    """A stand-in DLAMI venv holding a package; the worker's venv imports it from there."""
+    dlami = tmp_path / "opt" / "aws_neuronx_venv_torch_neuronx_2_14_0"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dlami)], check=True)
+    site = subprocess.run([str(dlami / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "torch_neuronx_standin_marker.py").write_text("FROM = 'dlami'\n")
+    before = sorted(p.name for p in Path(site).iterdir())
+    venv = tmp_path / "trnsweep" / ".venv"
+    script = str(cluster.TEMPLATE.parent / "worker_venv.sh")
+    for _ in range(2):  # idempotent: setup commands run again on every `ray up`
+        subprocess.run(["bash", script, str(dlami), str(venv)], check=True, capture_output=True)
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import torch_neuronx_standin_marker as m, sys; print(m.FROM, m.__file__, sys.prefix)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "dlami" and out[1].startswith(site) and out[2] == str(venv)
+    assert sorted(p.name for p in Path(site).iterdir()) == before  # nothing written into the DLAMI's venv
+    missing = subprocess.run(["bash", script, str(tmp_path / "nope"), str(venv)], capture_output=True, text=True)
+    assert missing.returncode == 1 and "boot the TorchNeuron DLAMI" in missing.stderr
 
 
 def _local_postgres() -> bool:
@@ -261,3 +298,27 @@ def test_scale_requests_one_bundle_per_worker(monkeypatch, capsys):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "4")
     assert main(["scale", "--workers", "1"]) == 2
     assert "must be 1 or 2" in capsys.readouterr().err
+
+
+def test_a_worker_runs_the_preflight_before_ray_start_and_stays_out_when_it_fails(tmp_path):
+    """The rendered start commands, run by bash against a stand-in venv: the preflight's exit decides."""
+    types = cluster.render(options(tmp_path))["available_node_types"]
+    start = yaml.safe_load(cluster.TEMPLATE.read_text())["worker_start_ray_commands"]
+    at = [i for i, c in enumerate(start) if "-m sweep preflight" in c]
+    ray_start = [i for i, c in enumerate(start) if "ray start" in c]
+    assert len(at) == 1 and ray_start and at[0] < min(ray_start) and "ray stop" in start[0]
+    assert types["trn2-3xlarge"]["resources"]["neuron_cores"] == 4  # what a node that passes advertises
+    home = tmp_path / "home"
+    venv = home / "trnsweep" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (home / "trnsweep" / "cluster.env").write_text("export TRNSWEEP_PREFLIGHT_STUDY=phase1\n")
+    (venv / "python").write_text('#!/bin/sh\necho "$@" > "$HOME/args"\necho "preflight failed at kernels" >&2\n'
+                                 'exit "$FAKE_RC"\n')
+    (venv / "python").chmod(0o755)
+    for rc in (0, 1):
+        env = {"HOME": str(home), "PATH": os.environ["PATH"], "FAKE_RC": str(rc)}
+        run = subprocess.run(["bash", "-c", start[at[0]]], env=env, capture_output=True, text=True)
+        assert run.returncode == rc, run.stderr
+        assert (home / "args").read_text().split() == ["-m", "sweep", "preflight", "phase1"]
+        assert ("preflight failed at kernels" in run.stderr) == bool(rc)
+        assert (home / ".cache" / "trnsweep" / "preflight.log").exists()

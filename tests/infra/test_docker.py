@@ -50,3 +50,15 @@ def test_images_install_the_project_like_the_makefile():
     for text in (cpu, neuron):
         for package in ("model/", "kernels/", "sweep/", "infra/", "pyproject.toml", "README.md"):
             assert package in text
+
+
+def test_the_neuron_image_installs_the_pinned_torchneuron_set_and_puts_the_tools_on_path():
+    from sweep.neuron import versions
+
+    neuron = DOCKERFILES[1].read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", neuron, re.M))
+    assert args["TORCH_VERSION"] == versions.TORCH
+    assert args["TORCH_NEURONX_VERSION"] == f"{versions.TORCH_NEURONX_FAMILY}.*"
+    assert args["NEURONX_CC_VERSION"] == versions.NEURONX_CC and args["NKI_VERSION"] == versions.NKI
+    assert f"PATH={versions.NEURON_TOOLS_BIN}:" in neuron and "aws-neuronx-tools=" in neuron
+    assert "TORCH_NEURONX_NEFF_CACHE_DIR=" in neuron and "pytorch-training-neuronx" not in neuron  # no XLA image

@@ -44,3 +44,11 @@ def test_neuron_peak_counts_the_chips_a_run_holds(monkeypatch, world_size, lnc, 
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
     rt = devices.Runtime(torch.device("cpu"), "neuron", "neuron", torch.bfloat16, world_size=world_size)
     assert rt.peak_flops() == pytest.approx(667e12 * chips)
+
+
+@pytest.mark.parametrize("local_rank", [0, 3, 63])
+def test_every_neuron_rank_trains_on_its_one_visible_core(local_rank):
+    """Each rank sees only its own NeuronCore (numbered 0 in the process); CUDA ranks index all GPUs."""
+    assert devices.device_index("neuron", local_rank) == 0
+    assert devices.device_index("cuda", local_rank) == local_rank
+    assert devices.device_index("cpu", local_rank) is None

@@ -70,6 +70,7 @@ def test_two_ranks_split_the_examples_and_sum_the_counts(trained, data_cache):
     scored = json.loads(lines[0])
     assert scored["examples"] == record["core_examples"] and scored["core_complete"] is True
     # Same examples, different batch companions: at most a float near-tie apart, one example per task.
+    assert record["core_tasks"] and scored["core_tasks"].keys() == record["core_tasks"].keys()
     for label, centered in record["core_tasks"].items():
         assert scored["core_tasks"][label] == pytest.approx(centered, abs=1.5 / MAX_EXAMPLES)
 

@@ -55,6 +55,24 @@ def test_bpb_rows_and_standard_error_of_a_sample():
     assert res.stderr(3) == 0.0  # every row scored: exact
 
 
+def test_bpb_totals_are_the_float64_sums_the_device_used_to_hold():
+    """The totals moved to the host (no float64 on a NeuronCore) are bit for bit the old float64 sums."""
+    torch.manual_seed(1)
+    model = GPT(tiny(head_init_std=0.02))
+    token_bytes = torch.randint(0, 6, (300,), dtype=torch.int32)
+    batches = [(torch.randint(0, 300, (4, 32)), torch.randint(-1, 300, (4, 32))) for _ in range(3)]
+    res = evaluate_bpb(model, batches, token_bytes, torch.device("cpu"))
+    nats = torch.zeros((), dtype=torch.float64)
+    xx = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for x, y in batches:  # the old accumulation, written out
+            nbytes = torch.where(y >= 0, token_bytes[y.clamp(min=0)], 0)
+            row_nats = (model(x, y, reduction="none").double().reshape(4, -1) * (nbytes > 0)).sum(1)
+            nats += row_nats.sum()
+            xx += (row_nats * row_nats).sum()
+    assert res.nats == float(nats) and res.row_moments[0] == float(xx)
+
+
 def test_a_model_evaluates_past_its_training_length_as_a_longer_one_does():
     torch.manual_seed(0)
     short = GPT(tiny(seq_len=16, head_init_std=0.02))

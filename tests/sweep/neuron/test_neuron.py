@@ -186,8 +186,11 @@ def test_multi_chip_trial_launches_one_rank_per_core_over_all_its_cores(tmp_path
     assert plan.attrs["neuron_trial_devices"] == devices and plan.attrs["launch_ranks"] == ranks
     task = TrialTask(study="k", storage_url="", number=0, trial_id=0, params={}, config=plan.config,
                      budget_s=4, deadline_s=9, eval_fractions=(0.5,), ranks=plan.ranks)
-    cmd = supervisor.trainer_command(task, tmp_path / "c.json", tmp_path)
+    cmd = supervisor.trainer_command(task, tmp_path / "c.json", tmp_path, rank_module=plan.rank_module)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"] and cmd[5] == str(ranks)
+    # Each rank narrows to its own core before the trainer starts (TorchNeuron: one core per process).
+    assert cmd[6:9] == ["-m", neuron.RANK_MODULE, task.trainer]
+    assert plan.env[neuron.RANK_CORES_VAR].split(",") == [str(c) for c in neuron.parse_cores(rank_cores)]
     plan.close()
 
 
@@ -331,9 +334,10 @@ def test_cache_locations_follow_the_node_layout(tmp_path):
     node = {neuron.NODE_CACHE_VAR: "/home/u/neuron-cache", neuron.NEFF_CACHE_VAR: "/home/u/neuron-cache/neff",
             neuron.XLA_CACHE_VAR: "/home/u/neuron-cache/xla"}  # what infra's cluster.env exports
     assert neuron.cache_location("", node).env() == {k: node[k] for k in (neuron.NEFF_CACHE_VAR, neuron.XLA_CACHE_VAR)}
-    s3 = neuron.cache_location("s3://bkt/neuron-cache/", node)
-    assert s3.env() == {neuron.NEFF_CACHE_VAR: "/home/u/neuron-cache/neff",
+    s3 = neuron.cache_location("s3://bkt/neuron-cache/", node)  # TorchNeuron takes no URL: a node mirror
+    assert s3.env() == {neuron.NEFF_CACHE_VAR: "/home/u/neuron-cache-s3/bkt/neuron-cache/neff",
                         neuron.XLA_CACHE_VAR: "s3://bkt/neuron-cache/xla"} and s3.local_dirs() == [s3.neff_dir]
+    assert s3.remote == "s3://bkt/neuron-cache/neff"
     shared = neuron.cache_location("/fsx/cache", {})
     assert shared.kind == "shared" and shared.env()[neuron.NEFF_CACHE_VAR] == "/fsx/cache/neff"
     assert neuron.cache_location("", {}).neff_dir == f"{neuron.DEFAULT_NODE_CACHE}/neff"

@@ -153,3 +153,19 @@ def test_resume_under_another_objective_is_refused_in_one_line(driver):
     with pytest.raises(drv.SweepAborted, match="^study 'drv' exists with direction maximize, spec says minimize$"):
         driver()
     assert driver(objective=composite).study.metric_names == ["composite"]  # the same objective resumes
+
+
+def test_a_heartbeat_missed_while_the_store_was_away_is_judged_from_its_return():
+    from sweep.run import liveness
+    from sweep.run.outcome import ATTR_STARTED
+
+    now = 1000.0
+    owned = _t(TrialState.RUNNING)
+    owned.system_attrs = {ATTR_STARTED: now - 100, ATTR_HEARTBEAT: now - 70}  # silent 70 s: the store was away
+    assert "heartbeat lost" in liveness.overdue(owned, now, 600, 5, 8)
+    assert liveness.overdue(owned, now, 600, 5, 8, store_back=now - 3) is None  # back 3 s ago: not yet stale
+    assert "heartbeat lost" in liveness.overdue(owned, now, 600, 5, 8, store_back=now - 9)  # back 9 s, still silent
+    foreign = _t(TrialState.RUNNING)
+    foreign.system_attrs = {ATTR_DRIVER: {"run": "other"}, ATTR_STARTED: now - 100, ATTR_HEARTBEAT: now - 70}
+    assert liveness.orphaned(foreign, now, 8, "mine") == ("lost", "lost: no heartbeat for 70 s (worker or driver died)")
+    assert liveness.orphaned(foreign, now, 8, "mine", store_back=now - 3) is None

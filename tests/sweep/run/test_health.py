@@ -237,8 +237,12 @@ def test_the_driver_waits_out_a_store_outage_longer_than_its_retries(tmp_path, m
     import threading
     import time
 
+    from sweep.run import driver as drv
     from tests.sweep_fixtures import load_trials, local_ray, pg_available, pg_database
 
+    # Each storage call's own patience (sweep.store.patience) gives up after 2 s here, not 300: what is left
+    # of the outage is the driver's to wait out (launching nothing), up to infra_wait_s.
+    monkeypatch.setattr(drv, "STORE_WAIT_S", 2.0)
     if not pg_available():
         pytest.skip("PostgreSQL on 127.0.0.1:5432 is not running")
     with socket.socket() as s:

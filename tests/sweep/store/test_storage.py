@@ -93,6 +93,29 @@ def test_retry_backs_off_on_transient_errors_only():
     assert len(calls) == 1
 
 
+def test_retry_waits_out_a_longer_outage_within_patience_only():
+    """The driver's patience: past the attempts, retries go on until the store is back (or the limit)."""
+    import time
+
+    away_until = time.time() + 0.6
+
+    def store() -> str:
+        if time.time() < away_until:
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
+        return "ok"
+
+    with pytest.raises(sqlalchemy.exc.OperationalError):  # two attempts: 0.01 s of backoff, then it fails
+        st.retry(store, attempts=2, base_s=0.01, max_s=0.05)
+    with st.patience(5.0):
+        assert st.retry(store, attempts=2, base_s=0.01, max_s=0.05) == "ok"
+    first, back = st.last_outage()
+    assert first < away_until <= back
+    away_until = time.time() + 5.0
+    with st.patience(0.3), pytest.raises(sqlalchemy.exc.OperationalError):  # the limit is kept
+        st.retry(store, attempts=2, base_s=0.01, max_s=0.05)
+    assert time.time() < away_until
+
+
 @needs_pg
 def test_postgres_storage_survives_dropped_connections():
     import psycopg2

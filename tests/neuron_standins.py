@@ -1,0 +1,160 @@
+"""Stand-ins for the Neuron SDK, for child processes on a machine without Trainium.
+
+:func:`install` writes them under a directory and puts them first on ``PYTHONPATH`` and ``PATH``:
+
+- ``torch_neuronx``: applies ``tests/neuron_standin``'s rule (in a distributed run one NeuronCore per
+  process, the local rank's where ``NEURON_RT_VISIBLE_CORES`` is unset, as TorchNeuron does), then
+  registers ``torch.neuron`` (``is_available``, ``device_count`` at the process's
+  ``NEURON_LOGICAL_NC_CONFIG``, ``current_device``, ``synchronize``) and the ``"neuron"`` backend of
+  ``torch.compile``, which keeps one ``.neff`` per graph under ``TORCH_NEURONX_NEFF_CACHE_DIR`` and finds it
+  again on the next run. Tensors stay on the CPU.
+- ``nki``: ``kernels._fake_nki`` under the real package's name (kernels run through ``nki.simulate``, so
+  ``NKI_SIMULATOR=1`` is set).
+- ``neuron-ls`` and ``neuron-monitor`` executables printing their documented JSON.
+
+``FAKE_NEURON`` (comma-separated) breaks them the ways the preflight guards against: ``unavailable``,
+``few-cores`` (one core), ``share-core`` (every rank on core 0), ``cache-elsewhere`` (NEFFs written
+outside the cache variable), ``no-hit`` (every compile a new NEFF), ``wrong-kernels`` (NKI outputs off
+by 10%), ``silent-monitor`` (neuron-monitor prints nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from tests.sweep.neuron.test_neuron import FAKE_LS, NEURON_LS
+
+TORCH_NEURONX = '''\
+"""torch-neuronx stand-in (tests/neuron_standins.py): tests/neuron_standin's core rule, plus torch.neuron."""
+import hashlib
+import importlib.util
+import os
+import sys
+import types
+
+import torch
+
+MODES = set(filter(None, os.environ.get("FAKE_NEURON", "").split(",")))
+CORES = "NEURON_RT_VISIBLE_CORES"
+if "share-core" in MODES and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    os.environ[CORES] = "0"
+_spec = importlib.util.spec_from_file_location("_standin_cores", {core_rule!r})
+_rule = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_rule)  # one core per process in a distributed run, as TorchNeuron demands
+VISIBLE_CORES = _rule.VISIBLE_CORES
+
+
+def device_count():
+    if "few-cores" in MODES:
+        return 1
+    visible = os.environ.get(CORES)
+    return len(_rule._parse(visible)) if visible else 8 // int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+
+
+neuron = types.ModuleType("torch.neuron")
+neuron.is_available = lambda: "unavailable" not in MODES
+neuron.device_count = device_count
+neuron.current_device = lambda: 0
+neuron.synchronize = lambda device=None: None
+torch.neuron = neuron
+sys.modules["torch.neuron"] = neuron
+
+
+def _backend(gm, example_inputs):
+    cache = os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR", "/var/tmp/neuron-compile-cache")
+    if "cache-elsewhere" in MODES:
+        cache = os.environ["FAKE_NEURON_ELSEWHERE"]
+    key = hashlib.sha256(gm.code.encode()).hexdigest()[:16]
+    if "no-hit" in MODES:
+        key += "-" + str(os.getpid())
+    path = os.path.join(cache, "MODULE_" + key, "model.neff")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(gm.code)
+    return gm.forward
+
+
+from torch._dynamo import register_backend  # noqa: E402
+
+register_backend(_backend, name="neuron")
+'''
+
+NKI = '''\
+"""nki stand-in (tests/neuron_standins.py): kernels._fake_nki under the real name."""
+import os
+import sys
+
+import numpy as np
+
+from kernels import _fake_nki as fake
+
+if "wrong-kernels" in os.environ.get("FAKE_NEURON", ""):
+    _simulate = fake.nki.simulate
+
+    def simulate(kernel):
+        run = _simulate(kernel)
+        def wrong(*args):
+            out = run(*args)
+            return tuple(np.asarray(o) * 1.1 for o in out) if isinstance(out, tuple) else np.asarray(out) * 1.1
+        return wrong
+
+    fake.nki.simulate = simulate
+sys.modules[__name__] = fake.nki
+sys.modules[__name__ + ".language"] = fake.nl
+sys.modules[__name__ + ".isa"] = fake.nisa
+'''
+
+MONITOR = '''\
+#!{python}
+import json, os, sys, time
+config = json.load(open(sys.argv[sys.argv.index("-c") + 1]))
+assert config["neuron_runtimes"][0]["metrics"]
+if "silent-monitor" in os.environ.get("FAKE_NEURON", ""):
+    time.sleep(60)
+while True:
+    print(json.dumps({{"neuron_runtime_data": [], "system_data": {{}}, "instance_info": {{}},
+                      "neuron_hardware_info": {{"neuron_device_count": 2, "neuroncore_per_device_count": 4}}}}),
+          flush=True)
+    time.sleep(0.2)
+'''
+
+
+# What pip would have installed: the Neuron 2.33.0 set for this machine's torch 2.13 (sweep/neuron/versions.py).
+VERSIONS = {"torch-neuronx": "2.13.3.0.1", "neuronx-cc": "2.28.7631.0", "nki": "0.7.0"}
+
+
+def install(root: Path, monkeypatch, versions: dict[str, str] | None = None) -> Path:
+    """Write the stand-ins under ``root`` and put them first on PYTHONPATH and PATH; returns ``root``.
+
+    Their package metadata (``versions``, default :data:`VERSIONS`) goes to ``root/meta``, on this process's
+    sys.path and the children's PYTHONPATH, so ``importlib.metadata`` finds them without their code.
+    """
+    meta = root / "meta"
+    for name, version in (VERSIONS if versions is None else versions).items():
+        info = meta / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(meta))
+    pkg = root / "py"
+    (pkg / "torch_neuronx").mkdir(parents=True)
+    core_rule = Path(__file__).resolve().parent / "neuron_standin" / "torch_neuronx" / "__init__.py"
+    (pkg / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX.format(core_rule=str(core_rule)))
+    (pkg / "nki").mkdir()
+    (pkg / "nki" / "__init__.py").write_text(NKI)
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    for name, text in (("neuron-ls", FAKE_LS.format(python=sys.executable, devices=repr(NEURON_LS))),
+                       ("neuron-monitor", MONITOR.format(python=sys.executable))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    repo = Path(__file__).resolve().parents[1]
+    path = [str(pkg), str(meta), str(repo), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("NKI_SIMULATOR", "1")
+    monkeypatch.setenv("FAKE_NEURON_ELSEWHERE", str(root / "elsewhere"))
+    monkeypatch.delenv("FAKE_NEURON", raising=False)
+    return root

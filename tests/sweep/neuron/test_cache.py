@@ -1,0 +1,91 @@
+"""An ``s3://`` compile cache works for the cache TorchNeuron reads (TORCH_NEURONX_NEFF_CACHE_DIR, a path).
+
+The trial pulls the prefix's NEFFs into a node mirror before the trainer starts and pushes what it
+compiled afterwards. The copying is infra's sync (``python -m infra sync`` on a node); here the same
+functions run in-process against moto's S3.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sweep import neuron
+
+moto = pytest.importorskip("moto")
+boto3 = pytest.importorskip("boto3")
+
+from infra import sync as infra_sync  # noqa: E402  (tests may use infra; sweep runs it as a CLI)
+
+BUCKET = "trnsweep-cache-test"
+REGION = "us-east-2"
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_SESSION_TOKEN", "testing"), ("AWS_DEFAULT_REGION", REGION),
+                       ("AWS_CONFIG_FILE", os.devnull), ("AWS_SHARED_CREDENTIALS_FILE", os.devnull)):
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with moto.mock_aws():
+        client = boto3.client("s3", region_name=REGION)
+        client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        yield client
+
+
+def test_an_s3_cache_is_pulled_into_the_neff_mirror_and_the_new_graphs_pushed(s3, tmp_path):
+    s3.put_object(Bucket=BUCKET, Key="cache/neff/ab/graph1/model.neff", Body=b"compiled elsewhere")
+    calls = []
+
+    def sync(src: str, dst: str, min_age_s: float) -> str | None:
+        calls.append((src, dst, min_age_s))
+        infra_sync.sync(s3, src, dst, min_age_s=min_age_s)
+        return None
+
+    node_env = {"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")}
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, f"s3://{BUCKET}/cache", node_env=node_env,
+                                      sync=sync)
+    mirror = tmp_path / "nc-s3" / BUCKET / "cache" / "neff"
+    assert plan.env[neuron.NEFF_CACHE_VAR] == str(mirror)  # what TorchNeuron reads
+    assert (mirror / "ab" / "graph1" / "model.neff").read_bytes() == b"compiled elsewhere"  # before the trainer
+    assert calls == [(f"s3://{BUCKET}/cache/neff", str(mirror), 0.0)]
+    new = mirror / "cd" / "graph2" / "model.neff"  # the trainer compiles a graph the bucket lacks
+    new.parent.mkdir(parents=True)
+    new.write_bytes(b"compiled here")
+    os.utime(new, (0, 0))  # older than the push's minimum age: complete
+    attrs = plan.finished({"device": "neuron", "steps": 3}, 1.0, 2.0)
+    assert attrs["graph_cache"] == "miss" and attrs["graph_cache_new_entries"] == 1
+    assert calls[1] == (str(mirror), f"s3://{BUCKET}/cache/neff", neuron.PUSH_MIN_AGE_S)
+    body = s3.get_object(Bucket=BUCKET, Key="cache/neff/cd/graph2/model.neff")["Body"].read()
+    assert body == b"compiled here" and "compile_cache_error" not in attrs
+
+
+def test_a_failed_pull_is_recorded_in_one_line_and_the_trial_still_runs(tmp_path):
+    node_env = {"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")}
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, "s3://nobucket/p", node_env=node_env,
+                                      sync=lambda src, dst, age: "AccessDenied: s3://nobucket/p/neff")
+    assert plan.attrs["compile_cache_error"] == "pull: AccessDenied: s3://nobucket/p/neff"
+    assert plan.finished({}, 1.0, None)["graph_cache"] == "none"  # nothing compiled: nothing pushed
+
+
+def test_node_and_shared_caches_need_no_copy(tmp_path):
+    def refuse(*_):
+        raise AssertionError("no sync for a node or shared cache")
+
+    for cache in ("", str(tmp_path / "fsx")):
+        plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, cache, sync=refuse,
+                                          node_env={"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")})
+        plan.finished({"steps": 2}, 1.0, 2.0)
+
+
+def test_the_sync_command_is_infras_cli_and_its_failure_is_one_line(tmp_path):
+    cmd = neuron.sync_command("s3://b/p/neff", "/x/neff", 0.0)
+    assert cmd == [sys.executable, "-m", "infra", "sync", "--quiet", "--min-age-s", "0", "s3://b/p/neff", "/x/neff"]
+    help_text = subprocess.run([*cmd[:4], "--help"], capture_output=True, text=True, cwd=neuron.cache.REPO_ROOT)
+    assert "--min-age-s" in help_text.stdout and "--quiet" in help_text.stdout  # infra's CLI takes these flags
+    error = neuron.run_sync(str(tmp_path), str(tmp_path / "other"))  # neither side is s3://
+    assert error is not None and "\n" not in error and error.endswith("not an s3:// URL")
