@@ -1,0 +1,135 @@
+"""What a study asks of a Ray cluster: trial slots that follow the nodes, and a standing autoscaler request.
+
+A cluster that autoscales from zero starts nodes only for work it can see. A driver that counted only
+the nodes that exist (``concurrency = "auto"``) would keep one trial pending, get one node, and run
+one trial at a time. So on a cluster the driver tells the autoscaler what the study needs
+(``ray.autoscaler.sdk.request_resources``: one bundle of the trial's resources per trial it wants to
+run at once, capped by the spec's concurrency and by the trials still to run), and counts its slots
+afresh every :data:`POLL_S` seconds from the resources of the nodes alive then: slots grow as nodes
+join and shrink as they leave. The request is replaced as the study's need changes and withdrawn
+(an empty request) when the run ends, however it ends, so idle workers can be scaled away.
+
+A local Ray the driver started itself has no autoscaler: nothing is requested there, and the slots
+are counted once, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sweep.spec import StudySpec
+
+POLL_S = 5.0  # how often "auto" recounts the cluster's slots (an autoscaler adds nodes in minutes)
+RELEASE_TIMEOUT_S = 10.0  # withdrawing the request must not hang a driver whose cluster is gone
+
+
+def bundle(spec: StudySpec) -> dict[str, float]:
+    """One trial's resources as an autoscaler bundle (the keys Ray schedules the trial's task by)."""
+    return spec.resources.as_dict() or {"CPU": 1.0}
+
+
+def fitting(total: dict[str, float], need: dict[str, float]) -> int:
+    """How many trials of ``need`` the resources ``total`` hold (0 when one is missing)."""
+    return min(int(total.get(k, 0) // v) for k, v in need.items())
+
+
+class Capacity:
+    """The driver's slots and its autoscaler request for one run.
+
+    ``cluster``: the driver joined a cluster (``RAY_ADDRESS``) rather than starting a local Ray.
+    ``say``: where a change of slots is reported (one line). ``sdk``/``resources`` default to Ray's
+    (``request_resources``, ``cluster_resources``) and are parameters for callers that have their own.
+    """
+
+    def __init__(self, spec: StudySpec, cluster: bool, say: Callable[[str], None], poll_s: float = POLL_S,
+                 sdk: Any = None, resources: Callable[[], dict[str, float]] | None = None) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.say = say
+        self.poll_s = poll_s
+        self.need = bundle(spec)
+        self._sdk = sdk
+        self._resources = resources
+        self._slots: int | None = None
+        self._counted = 0.0
+        self.requested: int | None = None  # bundles in the standing request; None: never asked
+
+    # -- slots ----------------------------------------------------------------------------------
+
+    @property
+    def cap(self) -> int | None:
+        """The most trials the spec lets run at once (``concurrency``; "auto": ``max_concurrency``)."""
+        return self.spec.concurrency or self.spec.max_concurrency
+
+    def slots(self) -> int:
+        """Trials to keep in flight now: the spec's integer concurrency, or what the nodes alive hold."""
+        if self.spec.concurrency is not None:
+            return self.spec.concurrency
+        now = time.monotonic()
+        if self._slots is not None and (not self.cluster or now - self._counted < self.poll_s):
+            return self._slots
+        self._counted = now
+        total = self._cluster_resources()
+        n = max(1, fitting(total, self.need))  # one pending trial at least: it is the autoscaler's cue too
+        if self.cap:
+            n = min(n, self.cap)
+        if self._slots is not None and n != self._slots:
+            word = "joined" if n > self._slots else "left"
+            self.say(f"slots: {self._slots} -> {n} (nodes {word}; the cluster holds {describe(total, self.need)})")
+        self._slots = n
+        return n
+
+    def _cluster_resources(self) -> dict[str, float]:
+        if self._resources is not None:
+            return self._resources()
+        import ray
+
+        return ray.cluster_resources()
+
+    # -- the autoscaler request -----------------------------------------------------------------
+
+    def demand(self, trials: int) -> None:
+        """Ask the autoscaler for room for ``trials`` trials at once (capped), when that number changed."""
+        if not self.cluster:
+            return
+        n = max(0, trials if self.cap is None else min(trials, self.cap))
+        if n == self.requested:
+            return
+        self._request([dict(self.need) for _ in range(n)])
+        if self.requested is None and n:
+            self.say(f"autoscaler: asked for {n} x {describe(self.need, self.need)} (one per trial slot)")
+        self.requested = n
+
+    def release(self) -> None:
+        """Withdraw the standing request (idle workers may then go); never raises, never hangs long."""
+        if not self.requested:
+            return
+        self.requested = 0
+        done = threading.Event()
+
+        def call() -> None:
+            with contextlib.suppress(Exception):
+                self._request([])
+                done.set()
+
+        th = threading.Thread(target=call, daemon=True, name="autoscaler-release")
+        th.start()
+        th.join(RELEASE_TIMEOUT_S)
+        if not done.is_set():
+            self.say("autoscaler: could not withdraw the resource request (the cluster is unreachable); "
+                     "`python -m infra scale --workers 0` on the head withdraws it")
+
+    def _request(self, bundles: list[dict[str, float]]) -> None:
+        sdk = self._sdk
+        if sdk is None:
+            from ray.autoscaler import sdk
+        sdk.request_resources(bundles=bundles)
+
+
+def describe(res: dict[str, float], keys: dict[str, float]) -> str:
+    """``CPU=3, neuron_cores=8``: the resources of ``res`` named in ``keys``."""
+    return ", ".join(f"{k}={res.get(k, 0):g}" for k in keys)
