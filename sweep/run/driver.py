@@ -26,19 +26,23 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sweep import store as st
-from sweep.run import liveness, notes, printing
+from sweep.run import health, liveness, notes, printing
 from sweep.run.autoscale import Capacity
 from sweep.run.outcome import (
     ATTR_ADHOC,
     ATTR_ADHOC_BUDGET,
     ATTR_ADHOC_PRUNABLE,
+    ATTR_NODE,
     ATTR_RANDOM_FEASIBLE,
     ATTR_SPEC_HASH,
     CONSTRAINT,
     RETRYABLE,
     counts,
+    enqueue_rerun,
     enqueue_retry,
+    fail_infra,
     fail_trial,
+    reruns_due,
     retries_due,
     tell_returned,
 )
@@ -90,6 +94,7 @@ class Driver:
         self.inflight: dict[Any, InFlight] = {}
         self.t0 = time.monotonic()
         self._started_ray = False
+        self.watch: health.RayWatch | None = None  # is the Ray we launch into still there (sweep.run.health)
         self._last_scan = 0.0
         self._last_progress = 0.0
         self._rejects = 0
@@ -164,6 +169,7 @@ class Driver:
             with quiet_local_token_notice():
                 ray.init(**kwargs)
             self._started_ray = True
+        self.watch = health.RayWatch(local=self._started_ray)
         missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
         if missing and self._started_ray:
             raise SweepAborted(f"{self.spec.path}: trial.resources: this machine's Ray has no {', '.join(missing)}")
@@ -265,7 +271,6 @@ class Driver:
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
-        liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity)
         try:
             params = spec.space.suggest(trial)
         except ConstraintViolation as cv:
@@ -279,6 +284,10 @@ class Driver:
                 self._rejects = 0
             return False
         self._rejects = 0
+        # Only now, every parameter drawn, does the trial get its owner and heartbeat: one whose driver died
+        # before this point never ran and is never re-run with parameters drawn anew (outcome.rerun_params).
+        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
+                 what="claim", url=self.url)
         self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs)
         return True
 
@@ -352,10 +361,12 @@ class Driver:
                 kind, reason = "deadline", slot.cancelled
             elif slot.cancelled:
                 kind, reason = "lost", slot.cancelled
-            elif isinstance(e, ray.exceptions.OutOfMemoryError):
-                kind, reason = "oom", f"Ray's memory monitor killed the worker: {printing.one_line(e)}"
             else:
-                kind, reason = "lost", f"worker died: {printing.one_line(e)}"
+                verdict = health.classify(e, self._node_dead(slot, e))
+                if verdict.infra:
+                    self.lost_to_infra(slot.number, slot.trial_id, verdict.reason)
+                    return
+                kind, reason = verdict.kind, verdict.reason
             self.fail(slot.number, slot.trial_id, kind, reason)
             self._retry_if_needed(slot.number)
             return
@@ -392,15 +403,36 @@ class Driver:
         self.say(f"trial {number} FAIL ({kind}): {reason}")
         return True
 
+    def lost_to_infra(self, number: int, trial_id: int, reason: str) -> bool:
+        """The infrastructure lost the trial: FAIL ``infra`` (never counted) and its re-run enqueued with the
+        same parameters. True if this call finished the trial (False: it had finished already)."""
+        if not fail_infra(self.study, trial_id, number, reason, self.url):
+            return False
+        self.say(f"trial {number} lost to the infrastructure (not counted): {reason}")
+        self._enqueue_retries(only={number})
+        return True
+
+    def _node_dead(self, slot: InFlight, e: BaseException) -> bool | None:
+        """For a crashed worker only (the one ambiguous error): whether the trial's node is dead."""
+        if self.watch is None or "WorkerCrashedError" not in {c.__name__ for c in type(e).__mro__}:
+            return None
+        with contextlib.suppress(Exception):
+            t = st.study_storage(self.study).get_trial(slot.trial_id)
+            return self.watch.node_dead(t.system_attrs.get(ATTR_NODE))
+        return None
+
     def _retry_if_needed(self, number: int) -> None:
         self._enqueue_retries(only={number})
 
     def _enqueue_retries(self, only: set[int] | None = None) -> None:
-        """Enqueue the missing retries, judged on a fresh read so no failure is retried twice."""
+        """Enqueue the missing retries and re-runs, judged on a fresh read so none is enqueued twice."""
         trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
         for t in retries_due(trials, only):
             enqueue_retry(self.study, t, self.url)
             self.say(f"trial {t.number}: retry enqueued with the same parameters")
+        for t in reruns_due(trials, only):
+            enqueue_rerun(self.study, t, self.url)
+            self.say(f"trial {t.number}: re-run enqueued with the same parameters")
 
     # -- liveness -------------------------------------------------------------------------------
 
@@ -453,18 +485,20 @@ class Driver:
         return False
 
     def _check_foreign(self, t: Any, wall: float) -> bool:
-        reason = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id)
-        return reason is not None and self.fail(t.number, st.trial_id(t), "lost", reason)
+        lost = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id)
+        return lost is not None and self.fail(t.number, st.trial_id(t), *lost)
 
-    def abandon(self, why: str) -> None:
-        """Cancel every trial in flight and fail it as lost; a later run retries them."""
+    def abandon(self, why: str, kind: str = "lost", cancel: bool = True) -> None:
+        """Cancel every trial in flight and fail it as ``kind`` (lost: a later run retries them; infra: it
+        re-runs them, uncounted). ``cancel=False`` when Ray is gone and cannot be asked."""
         import ray
 
         for ref, slot in list(self.inflight.items()):
+            if cancel:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
             with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
-            with contextlib.suppress(Exception):
-                self.fail(slot.number, slot.trial_id, "lost", why)
+                self.fail(slot.number, slot.trial_id, kind, why)
         self.inflight.clear()
 
     # -- reporting ------------------------------------------------------------------------------
