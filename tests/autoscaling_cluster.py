@@ -82,6 +82,25 @@ class FakeCluster:
                 return None
         return None
 
+    def standing_request(self) -> Any:
+        """The autoscaler request stored in the cluster now (v1's key in the GCS), read by a client of its own."""
+        code = ("import json, ray\nfrom ray.experimental import internal_kv\nray.init(log_to_driver=False, "
+                "logging_level='ERROR')\nraw = internal_kv._internal_kv_get('autoscaler_resource_request')\n"
+                "print(json.dumps(None if raw is None else json.loads(raw)))")
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True, timeout=60, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def remove_node_of(self, pid: int) -> int:
+        """Take away the worker node ``pid`` runs on, as when its instance vanishes: SIGKILL its raylet and
+        every process under it (Ray workers, the trial's supervisor and trainer). Returns the raylet's pid."""
+        raylet = self.raylet_above(pid)
+        assert raylet is not None, f"process {pid} runs on no node of the test cluster"
+        for p in [raylet, *descendants(raylet)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        return raylet
+
     def shutdown(self, grace_s: float = 3.0) -> None:
         """SIGTERM every process of the cluster, SIGKILL what is left after ``grace_s``; remove its files."""
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
@@ -93,6 +112,39 @@ class FakeCluster:
         left = self.pids()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         assert not left, f"processes of the test cluster still alive: {left}"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                children.setdefault(_parent(int(d.name)), []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end before a start at the same instant)."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    open_, most = 0, 0
+    for _, step in edges:
+        open_ += step
+        most = max(most, open_)
+    return most
+
+
+def run_spans(trials: list[Any]) -> list[tuple[float, float]]:
+    """Each finished trial's time on its node: the supervisor's start mark to the trial's end."""
+    from sweep.run import liveness
+
+    return [(liveness.started_at(t), t.datetime_complete.timestamp()) for t in trials
+            if liveness.started_at(t) is not None and t.datetime_complete is not None]
 
 
 def _cmdline(pid: int) -> str:
