@@ -11,6 +11,7 @@ with its parameters and not counted, and the study still ends with exactly 3 cou
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +39,7 @@ pytestmark = [pytest.mark.slow]
 
 WORKERS = 3
 NODE_TYPES = {"cpu1": {"resources": {"CPU": 1, "object_store_memory": 80 * 1024**2}, "max_workers": WORKERS}}
-TRIAL = {"budget_s": 2, "startup_allowance_s": 60, "eval_timeout_s": 20, "eval_fractions": [0.5],
+TRIAL = {"budget_s": 2, "startup_allowance_s": 120, "eval_timeout_s": 20, "eval_fractions": [0.5],
          "heartbeat_s": 1, "stale_after_s": 30, "stop_grace_s": 3}
 TINY = {"params.depth": {"type": "int", "low": 1, "high": 1},
         "params.model_dim": {"type": "int", "low": 32, "high": 32}}
@@ -59,7 +60,7 @@ def trial_of(pid: int) -> int:
 def test_study_reaches_its_concurrency_from_zero_workers_and_a_lost_node_costs_no_trial(cluster, tmp_path,
                                                                                          data_cache):
     storage, rendezvous = f"journal:{tmp_path / 'journal.log'}", tmp_path / "rendezvous"
-    trial = {**TRIAL, "trainer": "tests.rendezvous_trainer", "env": {RENDEZVOUS: f"{rendezvous}:{WORKERS}:45"}}
+    trial = {**TRIAL, "trainer": "tests.rendezvous_trainer", "env": {RENDEZVOUS: f"{rendezvous}:{WORKERS}:90"}}
     spec = write_spec(tmp_path, "scale", tiny_spec(
         data_cache, study={"n_trials": WORKERS, "concurrency": "auto", "seed": 0}, trial=trial, **TINY))
     env = {**sweep_env(storage, tmp_path / "art"), **cluster.env}  # sweep_env drops RAY_ADDRESS
@@ -93,6 +94,32 @@ def test_study_reaches_its_concurrency_from_zero_workers_and_a_lost_node_costs_n
     assert f"-> {WORKERS} (nodes joined" in log, log  # the slots followed the nodes up
     assert liveness.started_at(rerun) > liveness.started_at(lost[0])
     assert cluster.standing_request() == [], log  # withdrawn at the end
+    wait_for(lambda: not processes_with(str(tmp_path / "art")), 30, what="the sweep's trainers to be gone")
+
+
+def test_an_interrupted_driver_withdraws_its_request(cluster, tmp_path, data_cache):
+    storage = f"journal:{tmp_path / 'journal.log'}"
+    spec = write_spec(tmp_path, "ctrlc", tiny_spec(
+        data_cache, study={"n_trials": 8, "concurrency": "auto", "max_concurrency": 2, "seed": 0}, trial=TRIAL,
+        **TINY))
+    env = {**sweep_env(storage, tmp_path / "art"), **cluster.env}
+    log_path = tmp_path / "driver.log"
+    with open(log_path, "wb") as log_file:
+        driver = subprocess.Popen(sweep_cmd("run", str(spec)), env=env, cwd=ROOT, stdout=log_file,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "autoscaler: asked for" in log_path.read_text(errors="replace"), 120,
+                 what="the driver's autoscaler request")
+        asked = cluster.standing_request()
+        driver.send_signal(signal.SIGINT)
+        rc = driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    log = log_path.read_text(errors="replace")
+    assert asked == [{"CPU": 1.0}] * 2, log  # max_concurrency, not n_trials
+    assert rc == 1 and "interrupted" in log, log
+    assert cluster.standing_request() == [], log
     wait_for(lambda: not processes_with(str(tmp_path / "art")), 30, what="the sweep's trainers to be gone")
 
 
