@@ -99,10 +99,15 @@ class Capacity:
         n = max(0, trials if self.cap is None else min(trials, self.cap))
         if n == self.requested:
             return
-        self._request([dict(self.need) for _ in range(n)])
-        if self.requested is None and n:
+        first = self.requested is None
+        self.requested = n  # also on failure: a cluster that refuses is not asked again every poll
+        try:
+            self._request([dict(self.need) for _ in range(n)])
+        except Exception as e:  # the sweep runs on the nodes there are; the request is only a hint
+            self.say(f"warning: could not ask the autoscaler for {n} trials' resources: {type(e).__name__}: {e}")
+            return
+        if first and n:
             self.say(f"autoscaler: asked for {n} x {describe(self.need, self.need)} (one per trial slot)")
-        self.requested = n
 
     def release(self) -> None:
         """Withdraw the standing request (idle workers may then go); never raises, never hangs long."""

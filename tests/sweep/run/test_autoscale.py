@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sweep.run import liveness
-from sweep.run.autoscale import bundle, describe, fitting
+from sweep.run.autoscale import Capacity, bundle, describe, fitting
 from sweep.run.outcome import ATTR_RERUN_OF, counts, lost_to_infra
 from sweep.spec import SpecError, load
 from tests.autoscaling_cluster import FakeCluster, autoscaling_cluster, most_at_once, run_spans
@@ -121,6 +121,25 @@ def test_an_interrupted_driver_withdraws_its_request(cluster, tmp_path, data_cac
     assert rc == 1 and "interrupted" in log, log
     assert cluster.standing_request() == [], log
     wait_for(lambda: not processes_with(str(tmp_path / "art")), 30, what="the sweep's trainers to be gone")
+
+
+def test_a_refused_request_is_a_warning_and_a_local_ray_is_never_asked(tmp_path):
+    import ray
+
+    ray.shutdown()  # Ray's SDK refuses every request without a connection: a real refusal
+    spec = load(write_spec(tmp_path, "r", tiny_spec(study={"n_trials": 4, "concurrency": 2})))
+    lines: list[str] = []
+    local = Capacity(spec, cluster=False, say=lines.append)
+    local.demand(4)
+    local.release()
+    assert lines == [] and local.requested is None and local.slots() == 2
+    joined = Capacity(spec, cluster=True, say=lines.append)
+    joined.demand(4)
+    joined.demand(4)  # the same need: not asked again
+    joined.release()  # never raises
+    assert joined.requested == 0
+    assert len(lines) == 2 and "could not ask the autoscaler for 2 trials' resources" in lines[0], lines
+    assert "could not withdraw" in lines[1], lines
 
 
 def test_bundles_and_fitting_follow_the_spec(tmp_path):
