@@ -36,6 +36,7 @@ from sweep.run.outcome import (
     ATTR_RANDOM_FEASIBLE,
     ATTR_SPEC_HASH,
     CONSTRAINT,
+    INFRA,
     RETRYABLE,
     counts,
     enqueue_rerun,
@@ -53,13 +54,26 @@ from sweep.spec import StudySpec, build_pruner, build_sampler, spec_hash
 from sweep.spec import objective as obj
 from sweep.spec.space import ConstraintViolation
 from sweep.store import artifacts as art
+from sweep.study import python_cmd, study_arg
 
 MAX_CONSTRAINT_REJECTS = 100
 PROGRESS_EVERY_S = 30.0
+PROBE_EVERY_S = 5.0  # how often the driver asks the GCS whether its Ray is there (the pids: every poll)
+EXIT_STOPPED = 3  # stopped before the study was done (its Ray went away, the circuit breaker): resume later
 
 
 class SweepAborted(Exception):
     """The sweep cannot go on (e.g. the trainer rejects the spec's config); exit 2, one line."""
+
+
+class SweepStopped(Exception):
+    """The driver stops launching before the study is done: its Ray went away (``infra``: trials in flight are
+    lost to it) or the circuit breaker tripped. Exit :data:`EXIT_STOPPED`, one line naming the cause and the
+    command that resumes."""
+
+    def __init__(self, cause: str, infra: bool = True) -> None:
+        super().__init__(cause)
+        self.cause, self.infra = cause, infra
 
 
 @dataclass
@@ -95,6 +109,11 @@ class Driver:
         self.t0 = time.monotonic()
         self._started_ray = False
         self.watch: health.RayWatch | None = None  # is the Ray we launch into still there (sweep.run.health)
+        self.breaker = health.CircuitBreaker(spec.max_failures_in_a_row)
+        self._last_probe = 0.0
+        self._infra_loss = False  # a trial was lost to the infrastructure: check that nodes can hold trials
+        self._waiting_since: float | None = None  # on a cluster: since when no node can run a trial
+        self._last_words = ""  # the line a stopped run ends with
         self._last_scan = 0.0
         self._last_progress = 0.0
         self._rejects = 0
@@ -201,6 +220,7 @@ class Driver:
             while True:
                 if self._stop:
                     raise KeyboardInterrupt(self._stop)
+                launch = self.check_ray()
                 trials = self.scan()
                 done = sum(counts(t) for t in trials)
                 # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
@@ -208,15 +228,20 @@ class Driver:
                 adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
                 want = max(spec.n_trials - done - running, adhoc)
                 self._capacity().demand(len(self.inflight) + max(want, 0))
-                while want > 0 and len(self.inflight) < self.slots() and not self._stop:
+                while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
                     if self.launch_next():
                         want -= 1
+                    launch = self.check_ray(probe=False)
+                if self.breaker.tripped and not self.inflight and want > 0:
+                    raise SweepStopped(self._breaker_cause(), infra=False)
                 if not self.inflight and want <= 0:
                     break
                 self.wait_some()
             self.progress(force=time.monotonic() - self._last_progress > 1.0)
             self.print_best()
             return 0
+        except SweepStopped as e:
+            return self.stopped(e)
         except KeyboardInterrupt:
             self.abandon(f"driver interrupted ({self._stop or 'SIGINT'})")
             self.say("interrupted: running trials failed as lost; `sweep run` again resumes with their retries")
@@ -228,6 +253,65 @@ class Driver:
             for s, h in old.items():
                 signal.signal(s, h)
             self.shutdown()
+            if self._last_words:
+                self.say(self._last_words)
+
+    # -- the infrastructure ---------------------------------------------------------------------
+
+    def check_ray(self, probe: bool = True) -> bool:
+        """Whether to launch now. Raises :class:`SweepStopped` when the local Ray is gone, or a cluster has
+        had no node able to run a trial for ``node_wait_s``; False while waiting for one or the breaker
+        has tripped. The local Ray's processes are checked every call, the GCS every ``PROBE_EVERY_S``."""
+        if self.watch is None:
+            return not self.breaker.tripped
+        gone = self.watch.process_gone()
+        if gone:
+            raise SweepStopped(gone)
+        now = time.monotonic()
+        if probe and now - self._last_probe >= PROBE_EVERY_S:
+            self._last_probe = now
+            problem = self.watch.problem()
+            if problem is None and self._infra_loss and self.watch.fits(self.spec.resources.as_dict()) is False:
+                problem = "no live Ray node can hold a trial"
+            self._waiting(problem, now)
+        return self._waiting_since is None and not self.breaker.tripped
+
+    def _waiting(self, problem: str | None, now: float) -> None:
+        """Start, go on with or end the wait for nodes; a local Ray is not waited for."""
+        if problem is None:
+            if self._waiting_since is not None:
+                self.say(f"ray: nodes are back after {now - self._waiting_since:.0f} s; launching again")
+            self._waiting_since, self._infra_loss = None, False
+            return
+        if self.watch is not None and self.watch.local:
+            raise SweepStopped(problem)
+        if self._waiting_since is None:
+            self._waiting_since = now
+            self.say(f"ray: {problem}; launching nothing, waiting up to {self.spec.node_wait_s:g} s for nodes "
+                     "([study] node_wait_s)")
+        elif now - self._waiting_since > self.spec.node_wait_s:
+            raise SweepStopped(f"{problem} for {self.spec.node_wait_s:g} s ([study] node_wait_s)")
+
+    def _breaker_cause(self) -> str:
+        b = self.breaker
+        last = f" (last: {b.last_reason[:160]})" if b.last_reason else ""
+        return (f"circuit breaker: {b.streak} trials in a row ended FAIL ({b.kind}){last}, at most "
+                f"{b.threshold} allowed ([study] max_failures_in_a_row)")
+
+    def stopped(self, e: SweepStopped) -> int:
+        """Stop before the study is done: trials in flight lost to the infrastructure (re-run by the resume,
+        never counted), one line with the cause and the command that resumes; exit :data:`EXIT_STOPPED`."""
+        lost = len(self.inflight)
+        if lost:
+            self.abandon(f"lost to the infrastructure: {e.cause}", kind=INFRA, cancel=False)
+        with contextlib.suppress(Exception):
+            self._enqueue_retries()
+        running = f"{lost} running trial(s) lost to it, re-run then, not counted; " if lost else ""
+        what = "fix the cause, then resume" if not e.infra else "resume once Ray is back"
+        # Said after Ray is shut down (run's finally), so that it is the run's last line.
+        self._last_words = f"sweep stopped: {e.cause}; {running}{what}: {python_cmd()} -m sweep run " \
+                           f"{study_arg(self.spec)}"
+        return EXIT_STOPPED
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop = signal.Signals(signum).name
@@ -253,8 +337,11 @@ class Driver:
         if self._started_ray:
             import ray
 
+            # What the local Ray started; a Ray whose GCS died leaves its agents (and workers) behind on shutdown.
+            tree = self.watch.tree() if self.watch is not None else {}
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            health.end_leftovers(tree)
             self._started_ray = False
 
     def _ray_summary(self) -> str:
@@ -367,13 +454,15 @@ class Driver:
                     self.lost_to_infra(slot.number, slot.trial_id, verdict.reason)
                     return
                 kind, reason = verdict.kind, verdict.reason
-            self.fail(slot.number, slot.trial_id, kind, reason)
+            if self.fail(slot.number, slot.trial_id, kind, reason):
+                self._note_end(slot.number, "FAIL", kind, reason)
             self._retry_if_needed(slot.number)
             return
         self._print_reports(slot)
         if not result["told"]:
             self._tell_from_outcome(slot, result)
         self.say(printing.outcome_line(slot.number, result, self.spec.objective))
+        self._note_end(slot.number, result["state"], result["fail_kind"], result["reason"])
         if result["state"] == "COMPLETE":
             self.summarise(slot.number, slot.trial_id)
         if result["fail_kind"] == "config":
@@ -409,8 +498,18 @@ class Driver:
         if not fail_infra(self.study, trial_id, number, reason, self.url):
             return False
         self.say(f"trial {number} lost to the infrastructure (not counted): {reason}")
+        self._infra_loss = True
+        self._last_probe = 0.0  # look at the infrastructure before launching again
         self._enqueue_retries(only={number})
+        self._note_end(number, "FAIL", INFRA, reason)
         return True
+
+    def _note_end(self, number: int, state: str, kind: str | None, reason: str | None) -> None:
+        """Feed the circuit breaker one finished trial; say so once when it trips."""
+        was = self.breaker.tripped
+        if self.breaker.record(state, kind, reason) and not was:
+            self.say(f"trial {number}: {self._breaker_cause()}; launching no more trials, "
+                     f"{len(self.inflight)} still running")
 
     def _node_dead(self, slot: InFlight, e: BaseException) -> bool | None:
         """For a crashed worker only (the one ambiguous error): whether the trial's node is dead."""

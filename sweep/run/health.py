@@ -23,8 +23,11 @@ and says at once when one is gone. Ray itself ends a driver whose GCS has been u
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,43 @@ def child_processes(parent: int, names: set[str]) -> dict[str, int]:
     return found
 
 
+def process_tree(roots: list[int]) -> dict[int, int | None]:
+    """{pid: kernel start time} of ``roots`` and every live process below them."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    found: dict[int, int | None] = {}
+    todo = [r for r in roots if process_start_time(r) is not None]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found[pid] = process_start_time(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def still_running(tree: dict[int, int | None]) -> list[int]:
+    """The processes of ``tree`` still alive: the same processes (start time unchanged), zombies aside."""
+    return [p for p, start in tree.items() if process_start_time(p) == start and not _zombie(p)]
+
+
+def end_leftovers(tree: dict[int, int | None], wait_s: float = 5.0) -> list[int]:
+    """SIGKILL what of ``tree`` outlives ``wait_s`` (by pid, each checked to be the same process); the pids."""
+    end = time.monotonic() + wait_s
+    while still_running(tree) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = still_running(tree)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def call_with_timeout(fn: Any, timeout_s: float) -> tuple[bool, Any]:
     """``(True, fn())`` if it returns within ``timeout_s``, ``(False, error or None)`` if not.
 
@@ -128,6 +168,10 @@ class RayWatch:
         self.pids = dict(pids if pids is not None else (child_processes(os.getpid(), set(RAY_PROCESSES))
                                                          if local else {}))
         self._starts = {name: process_start_time(pid) for name, pid in self.pids.items()}
+
+    def tree(self) -> dict[int, int | None]:
+        """The local Ray's processes now: its raylet and GCS and all they started (agents, workers)."""
+        return process_tree(list(self.pids.values())) if self.local else {}
 
     def process_gone(self) -> str | None:
         """Which of the local Ray's processes is gone (cheap: reads /proc), or None."""

@@ -33,7 +33,7 @@ import pytest
 
 from sweep import store as st
 from sweep.run.driver import Driver
-from sweep.run.outcome import counts, needs_retry
+from sweep.run.outcome import counts, needs_rerun, needs_retry
 from sweep.spec import load
 from tests.sweep_fixtures import (
     PG_ADMIN,
@@ -67,10 +67,10 @@ ROWS: list[dict[str, Any]] = []
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    head = ("fault", "outcome", "trials lost", "time to recover")
-    body = [(r["fault"], r["outcome"], str(r["lost"]),
+    head = ("fault", "outcome", "trials lost", "re-run", "time to recover")
+    body = [(r["fault"], r["outcome"], str(r["lost"]), "-" if r.get("rerun") is None else str(r["rerun"]),
              "-" if r.get("recover_s") is None else f"{r['recover_s']:.1f} s") for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(4)]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*b) for b in body)]
 
@@ -96,8 +96,9 @@ def fault_table(request: pytest.FixtureRequest) -> Iterator[None]:
         Path(report).write_text("\n".join(table_lines(ROWS)) + "\n")
 
 
-def record(fault: str, outcome: str, lost: int, recover_s: float | None) -> None:
-    ROWS.append({"fault": fault, "outcome": outcome, "lost": lost, "recover_s": recover_s})
+def record(fault: str, outcome: str, lost: int, recover_s: float | None, rerun: int | None = None) -> None:
+    """One row; ``rerun``: how many trials the infrastructure lost and the sweep ran again (uncounted)."""
+    ROWS.append({"fault": fault, "outcome": outcome, "lost": lost, "recover_s": recover_s, "rerun": rerun})
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -235,6 +236,8 @@ def outcome_text(trials: list[Any]) -> str:
         s = f"{t.number} {t.state.name}" + (f" ({kind})" if kind else "")
         if "retry_of" in t.user_attrs:
             s += f" retry of {t.user_attrs['retry_of']}"
+        if "rerun_of" in t.user_attrs:
+            s += f" re-run of {t.user_attrs['rerun_of']}"
         parts.append(s)
     return "; ".join(parts)
 
@@ -285,6 +288,8 @@ def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], overshoot: in
     unfinished = [t.number for t in trials if t.state.name in ("RUNNING", "WAITING")]
     retried = {t.user_attrs.get("retry_of") for t in trials}
     unretried = [t.number for t in trials if needs_retry(t) and t.number not in retried]
+    rerun = {t.user_attrs.get("rerun_of") for t in trials}  # a trial the infrastructure lost runs again
+    unretried += [t.number for t in trials if needs_rerun(t) and t.number not in rerun]
     twice = [t.number for t in trials if starts(sw, t.number) > 1]
     no_value = [t.number for t in trials if t.state.name == "COMPLETE" and not isinstance(t.value, float)]
     lost = len(set(changed) | set(unfinished) | set(unretried) | set(twice) | set(no_value))
@@ -665,3 +670,92 @@ def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypat
     with pytest.raises(Exception) as info:
         remote.ask()
     assert st.is_transient(info.value), info.value  # retried like a database restart, not fatal
+
+
+# -- the infrastructure around the trials: Ray and the driver ------------------------------------------
+
+
+def start_local_driver(sw: Sweep, log: Path) -> subprocess.Popen[bytes]:
+    """A driver in its own process that starts its own local Ray (no RAY_ADDRESS), as `make sweep` does."""
+    return subprocess.Popen(sweep_cmd("run", str(sw.spec)), env=sweep_env(sw.url, sw.art), cwd=ROOT,  # noqa: SIM115
+                            stdout=open(log, "wb"), stderr=open(log.with_suffix(".err"), "wb"), start_new_session=True)
+
+
+def _kill_local_ray_part(make_sweep: Callable[..., Sweep], tmp_path: Path, name: str, part: str) -> dict[str, Any]:
+    """Kill one process (``raylet`` or ``gcs_server``) of the local Ray a driver started, while a trial trains;
+    the driver must stop in one line and exit 3; the same command again must finish the study."""
+    from sweep.run.health import child_processes, end_leftovers, process_tree, still_running
+
+    sw = make_sweep(name)
+    first = start_local_driver(sw, tmp_path / "first.log")
+    started: dict[int, int | None] = {}
+    try:
+        wait_for(lambda: any(stepping(sw, t.number) for t in trials_of(sw) if t.state.name == "RUNNING"), 180,
+                 interval=0.3, what="a trial training")
+        before = snapshot(sw)
+        started = process_tree([first.pid])  # the driver and all it started: its local Ray
+        pid = child_processes(first.pid, {part})[part]  # a process of the Ray this test's driver started
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)
+        rc = first.wait(timeout=120)
+        stopped_s = time.time() - t_kill
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    log1 = (tmp_path / "first.log").read_text()
+    last = log1.strip().splitlines()[-1]
+    assert rc == 3, log1
+    assert last.startswith("sweep stopped: the local Ray's ") and f"pid {pid}) is gone" in last, log1
+    assert last.endswith(f"-m sweep run {sw.spec}"), last
+    assert "Traceback" not in log1, log1
+    try:
+        wait_for(lambda: not trainer_pids(sw), 60, what="the stopped driver's trainers to be gone")
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not still_running(started), 30, what="the stopped driver's processes to be gone")
+        left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:40] for p in still_running(started)}
+        assert not left, f"processes of the stopped driver's Ray left behind: {left}"
+    finally:
+        end_leftovers(started, 0)
+    mid = trials_of(sw)
+    lost = [t for t in mid if t.user_attrs.get("fail_kind") == "infra"]
+    assert not [t for t in mid if t.state.name == "RUNNING"], outcome_text(mid)
+    # Nothing counted that did not run: every counted trial is one whose trainer returned its result.
+    assert all(t.state.name == "COMPLETE" for t in mid if counts(t)), outcome_text(mid)
+    assert not any(counts(t) for t in lost)
+
+    t_resume = time.time()
+    second = start_local_driver(sw, tmp_path / "second.log")
+    try:
+        rc2 = second.wait(timeout=300)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    sw.log = log1 + (tmp_path / "second.log").read_text()
+    assert rc2 == 0, sw.log
+    res = settle(sw, before)  # exactly n_trials counted, each lost trial re-run with its parameters
+    assert res["done"] == sw.n_trials
+    reruns = [t for t in res["trials"] if "rerun_of" in t.user_attrs]
+    assert {t.user_attrs["rerun_of"] for t in reruns} == {t.number for t in lost if t.params}
+    back = [stamp(t.datetime_start) for t in res["trials"] if (stamp(t.datetime_start) or 0) > t_resume]
+    return {"res": res, "lost": lost, "reruns": reruns, "stopped_s": stopped_s,
+            "recover_s": min(back) - t_kill if back else None}
+
+
+def test_raylet_killed_mid_sweep_local(make_sweep, tmp_path):
+    got = _kill_local_ray_part(make_sweep, tmp_path, "f_raylet_kill", "raylet")
+    res = got["res"]
+    record("raylet killed mid-sweep (local)", outcome_text(res["trials"]) + f"; driver stopped "
+           f"{got['stopped_s']:.1f} s after the kill (exit 3), resumed by the same command", res["lost"],
+           got["recover_s"], len(got["reruns"]))
+
+
+@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 only: the raylet row covers its stop and resume in short")
+def test_gcs_killed_mid_sweep_local(make_sweep, tmp_path):
+    # Ray ends a driver whose GCS has been away 60 s; the driver must have stopped cleanly well before.
+    got = _kill_local_ray_part(make_sweep, tmp_path, "f_gcs_kill", "gcs_server")
+    res = got["res"]
+    assert got["stopped_s"] < 30, got
+    record("GCS killed (local)", outcome_text(res["trials"]) + f"; driver stopped {got['stopped_s']:.1f} s after "
+           "the kill (exit 3), resumed by the same command", res["lost"], got["recover_s"], len(got["reruns"]))
