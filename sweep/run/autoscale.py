@@ -15,16 +15,13 @@ are counted once, as before.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from sweep.run.health import GCS_PROBE_S, call_with_timeout
 from sweep.spec import StudySpec
 
 POLL_S = 5.0  # how often "auto" recounts the cluster's slots (an autoscaler adds nodes in minutes)
-RELEASE_TIMEOUT_S = 10.0  # withdrawing the request must not hang a driver whose cluster is gone
 
 
 def bundle(spec: StudySpec) -> dict[str, float]:
@@ -41,19 +38,16 @@ class Capacity:
     """The driver's slots and its autoscaler request for one run.
 
     ``cluster``: the driver joined a cluster (``RAY_ADDRESS``) rather than starting a local Ray.
-    ``say``: where a change of slots is reported (one line). ``sdk``/``resources`` default to Ray's
-    (``request_resources``, ``cluster_resources``) and are parameters for callers that have their own.
+    ``say``: where a change of slots, or a request Ray refused, is reported (one line). Every call into
+    Ray here gives up after ``GCS_PROBE_S``: a GCS that is gone is :mod:`sweep.run.health`'s to judge.
     """
 
-    def __init__(self, spec: StudySpec, cluster: bool, say: Callable[[str], None], poll_s: float = POLL_S,
-                 sdk: Any = None, resources: Callable[[], dict[str, float]] | None = None) -> None:
+    def __init__(self, spec: StudySpec, cluster: bool, say: Callable[[str], None], poll_s: float = POLL_S) -> None:
         self.spec = spec
         self.cluster = cluster
         self.say = say
         self.poll_s = poll_s
         self.need = bundle(spec)
-        self._sdk = sdk
-        self._resources = resources
         self._slots: int | None = None
         self._counted = 0.0
         self.requested: int | None = None  # bundles in the standing request; None: never asked
@@ -74,6 +68,8 @@ class Capacity:
             return self._slots
         self._counted = now
         total = self._cluster_resources()
+        if total is None:  # no answer: keep the count there was
+            return self._slots or 1
         n = max(1, fitting(total, self.need))  # one pending trial at least: it is the autoscaler's cue too
         if self.cap:
             n = min(n, self.cap)
@@ -83,12 +79,11 @@ class Capacity:
         self._slots = n
         return n
 
-    def _cluster_resources(self) -> dict[str, float]:
-        if self._resources is not None:
-            return self._resources()
+    def _cluster_resources(self) -> dict[str, float] | None:
         import ray
 
-        return ray.cluster_resources()
+        ok, total = call_with_timeout(ray.cluster_resources, GCS_PROBE_S)
+        return total if ok else None
 
     # -- the autoscaler request -----------------------------------------------------------------
 
@@ -101,10 +96,9 @@ class Capacity:
             return
         first = self.requested is None
         self.requested = n  # also on failure: a cluster that refuses is not asked again every poll
-        try:
-            self._request([dict(self.need) for _ in range(n)])
-        except Exception as e:  # the sweep runs on the nodes there are; the request is only a hint
-            self.say(f"warning: could not ask the autoscaler for {n} trials' resources: {type(e).__name__}: {e}")
+        refused = self._request([dict(self.need) for _ in range(n)])
+        if refused:  # the sweep runs on the nodes there are; the request is only a hint
+            self.say(f"warning: could not ask the autoscaler for {n} trials' resources: {refused}")
             return
         if first and n:
             self.say(f"autoscaler: asked for {n} x {describe(self.need, self.need)} (one per trial slot)")
@@ -114,25 +108,20 @@ class Capacity:
         if not self.requested:
             return
         self.requested = 0
-        done = threading.Event()
-
-        def call() -> None:
-            with contextlib.suppress(Exception):
-                self._request([])
-                done.set()
-
-        th = threading.Thread(target=call, daemon=True, name="autoscaler-release")
-        th.start()
-        th.join(RELEASE_TIMEOUT_S)
-        if not done.is_set():
-            self.say("autoscaler: could not withdraw the resource request (the cluster is unreachable); "
+        refused = self._request([])
+        if refused:
+            self.say(f"autoscaler: could not withdraw the resource request ({refused}); "
                      "`python -m infra scale --workers 0` on the head withdraws it")
 
-    def _request(self, bundles: list[dict[str, float]]) -> None:
-        sdk = self._sdk
-        if sdk is None:
-            from ray.autoscaler import sdk
-        sdk.request_resources(bundles=bundles)
+    @staticmethod
+    def _request(bundles: list[dict[str, float]]) -> str | None:
+        """Replace the standing request with ``bundles``; None when done, else why not (one line)."""
+        from ray.autoscaler import sdk
+
+        ok, error = call_with_timeout(lambda: sdk.request_resources(bundles=bundles), GCS_PROBE_S)
+        if ok:
+            return None
+        return f"{type(error).__name__}: {error}" if error else f"no answer in {GCS_PROBE_S:g} s"
 
 
 def describe(res: dict[str, float], keys: dict[str, float]) -> str:
