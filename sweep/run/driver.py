@@ -114,6 +114,7 @@ class Driver:
         self._infra_loss = False  # a trial was lost to the infrastructure: check that nodes can hold trials
         self._waiting_since: float | None = None  # on a cluster: since when no node can run a trial
         self._last_words = ""  # the line a stopped run ends with
+        self._store_since: float | None = None  # since when the store cannot be reached
         self._last_scan = 0.0
         self._last_progress = 0.0
         self._rejects = 0
@@ -176,7 +177,8 @@ class Driver:
     def connect_ray(self) -> None:
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized():  # someone else's Ray (a test's, `sweep trial --now`'s driver): watched via its GCS
+            self.watch = self.watch or health.RayWatch(local=False)
             return
         address = os.environ.get("RAY_ADDRESS")
         kwargs: dict[str, Any] = {"namespace": "trnsweep", "log_to_driver": False, "logging_level": logging.WARNING}
@@ -217,26 +219,8 @@ class Driver:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.reconcile()
-            while True:
-                if self._stop:
-                    raise KeyboardInterrupt(self._stop)
-                launch = self.check_ray()
-                trials = self.scan()
-                done = sum(counts(t) for t in trials)
-                # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
-                running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
-                adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
-                want = max(spec.n_trials - done - running, adhoc)
-                self._capacity().demand(len(self.inflight) + max(want, 0))
-                while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
-                    if self.launch_next():
-                        want -= 1
-                    launch = self.check_ray(probe=False)
-                if self.breaker.tripped and not self.inflight and want > 0:
-                    raise SweepStopped(self._breaker_cause(), infra=False)
-                if not self.inflight and want <= 0:
-                    break
-                self.wait_some()
+            while self.step():
+                pass
             self.progress(force=time.monotonic() - self._last_progress > 1.0)
             self.print_best()
             return 0
@@ -256,11 +240,59 @@ class Driver:
             if self._last_words:
                 self.say(self._last_words)
 
+    def step(self) -> bool:
+        """One turn of the loop: launch into the free slots, wait a poll for results; False once the study is
+        done. A store that cannot be reached (after :func:`sweep.store.retry`'s own tries) is waited for."""
+        spec = self.spec
+        if self._stop:
+            raise KeyboardInterrupt(self._stop)
+        try:
+            launch = self.check_ray()
+            trials = self.scan()
+            done = sum(counts(t) for t in trials)
+            # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
+            running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
+            adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
+            want = max(spec.n_trials - done - running, adhoc)
+            self._capacity().demand(len(self.inflight) + max(want, 0))
+            while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
+                if self.launch_next():
+                    want -= 1
+                launch = self.check_ray(probe=False)
+            if self.breaker.tripped and not self.inflight and want > 0:
+                raise SweepStopped(self._breaker_cause(), infra=False)
+            if not self.inflight and want <= 0:
+                return False
+            self.wait_some()
+        except Exception as e:
+            if not st.is_transient(e):
+                raise
+            self._store_away(e)
+            return True
+        if self._store_since is not None:
+            self.say(f"store: reachable again after {time.monotonic() - self._store_since:.0f} s")
+            self._store_since = None
+        return True
+
+    def _store_away(self, e: BaseException) -> None:
+        """The store stayed unreachable through a call's retries: trials keep running (their supervisors
+        retry too), nothing is launched; past ``infra_wait_s`` the run stops (exit 3)."""
+        now = time.monotonic()
+        why = st.scrub(st.first_line(e), self.url)
+        if self._store_since is None:
+            self._store_since = now
+            self.say(f"store: unreachable ({why}); launching nothing, waiting up to {self.spec.infra_wait_s:g} s "
+                     "([study] infra_wait_s)")
+        elif now - self._store_since > self.spec.infra_wait_s:
+            raise SweepStopped(f"the store stayed unreachable for {self.spec.infra_wait_s:g} s "
+                               f"([study] infra_wait_s): {why}") from e
+        time.sleep(self.poll_s)
+
     # -- the infrastructure ---------------------------------------------------------------------
 
     def check_ray(self, probe: bool = True) -> bool:
         """Whether to launch now. Raises :class:`SweepStopped` when the local Ray is gone, or a cluster has
-        had no node able to run a trial for ``node_wait_s``; False while waiting for one or the breaker
+        had no node able to run a trial for ``infra_wait_s``; False while waiting for one or the breaker
         has tripped. The local Ray's processes are checked every call, the GCS every ``PROBE_EVERY_S``."""
         if self.watch is None:
             return not self.breaker.tripped
@@ -287,10 +319,10 @@ class Driver:
             raise SweepStopped(problem)
         if self._waiting_since is None:
             self._waiting_since = now
-            self.say(f"ray: {problem}; launching nothing, waiting up to {self.spec.node_wait_s:g} s for nodes "
-                     "([study] node_wait_s)")
-        elif now - self._waiting_since > self.spec.node_wait_s:
-            raise SweepStopped(f"{problem} for {self.spec.node_wait_s:g} s ([study] node_wait_s)")
+            self.say(f"ray: {problem}; launching nothing, waiting up to {self.spec.infra_wait_s:g} s for nodes "
+                     "([study] infra_wait_s)")
+        elif now - self._waiting_since > self.spec.infra_wait_s:
+            raise SweepStopped(f"{problem} for {self.spec.infra_wait_s:g} s ([study] infra_wait_s)")
 
     def _breaker_cause(self) -> str:
         b = self.breaker
@@ -358,6 +390,8 @@ class Driver:
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
+        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
+                 what="claim", url=self.url)
         try:
             params = spec.space.suggest(trial)
         except ConstraintViolation as cv:
@@ -371,10 +405,9 @@ class Driver:
                 self._rejects = 0
             return False
         self._rejects = 0
-        # Only now, every parameter drawn, does the trial get its owner and heartbeat: one whose driver died
-        # before this point never ran and is never re-run with parameters drawn anew (outcome.rerun_params).
-        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
-                 what="claim", url=self.url)
+        # Only now, every parameter drawn, may the trial be run again with them (outcome.rerun_params).
+        st.retry(lambda: liveness.mark_suggested(st.study_storage(study), st.trial_id(trial)),
+                 what="mark suggested", url=self.url)
         self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs)
         return True
 
@@ -430,7 +463,12 @@ class Driver:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)
         for ref in ready:
             slot = self.inflight.pop(ref)
-            self.finish(slot, ref)
+            try:
+                self.finish(slot, ref)
+            except Exception as e:
+                if st.is_transient(e):  # the store is away: finished again (its result is Ray's) once it is back
+                    self.inflight[ref] = slot
+                raise
         if ready:
             self.progress(force=True)
         else:

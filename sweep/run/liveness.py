@@ -56,18 +56,23 @@ def process_alive(identity: dict[str, Any]) -> bool | None:
 
 # -- writing ------------------------------------------------------------------------------------------
 
-def claim_attrs(owner: dict[str, Any]) -> dict[str, Any]:
-    """The system attributes of a trial the driver ``owner`` asked and drew every parameter of: that they
-    are complete (:data:`ATTR_SUGGESTED`, so a re-run never draws any anew), who it is, a first heartbeat."""
+def claim_attrs(owner: dict[str, Any], suggested: bool = True) -> dict[str, Any]:
+    """The system attributes of a trial the driver ``owner`` just asked: who it is, a first heartbeat, and
+    whether its parameters are complete already (:data:`ATTR_SUGGESTED`; see :func:`mark_suggested`)."""
     now = time.time()
-    return {ATTR_SUGGESTED: now, ATTR_DRIVER: owner, ATTR_HEARTBEAT: now}
+    return {ATTR_DRIVER: owner, ATTR_HEARTBEAT: now, **({ATTR_SUGGESTED: now} if suggested else {})}
 
 
 def claim(storage: Any, trial_id: int, owner: dict[str, Any]) -> None:
-    """Once its parameters are drawn: record the asking driver on a trial and vouch for it until its
-    supervisor starts."""
-    for k, v in claim_attrs(owner).items():
+    """Record the asking driver on a trial and vouch for it until its supervisor starts (parameters to come)."""
+    for k, v in claim_attrs(owner, suggested=False).items():
         storage.set_trial_system_attr(trial_id, k, v)
+
+
+def mark_suggested(storage: Any, trial_id: int) -> None:
+    """Every parameter of the trial is drawn: only from now on may it be re-run with them. A trial whose
+    driver died before this point never ran, and is never run with parameters drawn anew."""
+    storage.set_trial_system_attr(trial_id, ATTR_SUGGESTED, time.time())
 
 
 def beat(storage: Any, trial_id: int, at: float) -> None:

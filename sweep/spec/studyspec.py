@@ -86,7 +86,7 @@ class StudySpec:
     # The driver against failing infrastructure (sweep.run.health): stop after this many trials in a row ended
     # the same way (0: never), and how long to wait on a cluster for nodes that can hold a trial again.
     max_failures_in_a_row: int = 5
-    node_wait_s: float = 600.0
+    infra_wait_s: float = 600.0
 
     @property
     def directions(self) -> list[str]:
@@ -131,7 +131,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
                               "objective"})
     study = r.table(root.get("study", {}), "study",
                     {"name", "direction", "n_trials", "concurrency", "max_concurrency", "seed", "storage", "artifacts",
-                     "storage_proxy", "cost_cap_usd", "max_failures_in_a_row", "node_wait_s"})
+                     "storage_proxy", "cost_cap_usd", "max_failures_in_a_row", "infra_wait_s"})
     trial = r.table(root.get("trial", {}), "trial",
                     {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
                      "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache", "chips"})
@@ -153,7 +153,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     artifacts = r.string(study, "study.artifacts", default=None)
     cost_cap_usd = r.number(study, "study.cost_cap_usd", low=0, default=None)
     max_failures_in_a_row = r.integer(study, "study.max_failures_in_a_row", low=0, default=5)
-    node_wait_s = r.number(study, "study.node_wait_s", low=0, default=600.0)
+    infra_wait_s = r.number(study, "study.infra_wait_s", low=0, default=600.0)
     storage_proxy = study.get("storage_proxy", False)
     if not isinstance(storage_proxy, bool):
         raise r.error("study.storage_proxy", f"must be true or false, got {storage_proxy!r}")
@@ -208,7 +208,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         stop_grace_s=stop_grace_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, env=env,
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
         compile_cache=compile_cache, cost_cap_usd=cost_cap_usd, objective=objective, chips=chips,
-        max_concurrency=max_concurrency, max_failures_in_a_row=max_failures_in_a_row, node_wait_s=node_wait_s,
+        max_concurrency=max_concurrency, max_failures_in_a_row=max_failures_in_a_row, infra_wait_s=infra_wait_s,
     )
     return spec
 

@@ -2,10 +2,11 @@
 
 Every fault ends with the same checks (:func:`settle`): every trial finished before the fault is still
 there with its state and value, no trial number was run twice (one trainer start per number) and
-none is left RUNNING or WAITING, every retryable failure has its retry, the study holds the
-requested number of counted trials, no trainer process of the sweep is left, and every Ray CPU is
-free again. Each test adds a row (fault, outcome, trials lost, time to recover) to the table the
-session prints at its end (and writes to ``$FAULTS_REPORT`` when set).
+none is left RUNNING or WAITING, every retryable failure has its retry and every trial the
+infrastructure lost (``infra``) its re-run, the study holds the requested number of counted trials,
+no trainer process of the sweep is left, and every Ray CPU is free again. Each test adds a row (fault,
+outcome, trials lost, trials re-run, time to recover) to the table the session prints at its end (and
+writes to ``$FAULTS_REPORT`` when set).
 
 The default run is short (2 trials of 3 s per sweep); ``FAULTS_FULL=1`` runs longer budgets and
 more trials. ``make faults`` runs only this module (``-m faults``).
@@ -20,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -759,3 +761,56 @@ def test_gcs_killed_mid_sweep_local(make_sweep, tmp_path):
     assert got["stopped_s"] < 30, got
     record("GCS killed (local)", outcome_text(res["trials"]) + f"; driver stopped {got['stopped_s']:.1f} s after "
            "the kill (exit 3), resumed by the same command", res["lost"], got["recover_s"], len(got["reruns"]))
+
+
+# The driver, SIGKILLed by itself right after drawing the first parameter of trial KILL_AT: between `ask` and
+# the last suggestion, the moment a real kill lands in once in a while.
+KILL_MID_SUGGEST = """
+import os, signal, sys
+from sweep.spec import space
+
+draw = space.Param.suggest
+
+def suggest(self, trial):
+    value = draw(self, trial)
+    if trial.number == int(os.environ["KILL_AT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return value
+
+space.Param.suggest = suggest
+from sweep.cli import main
+sys.exit(main(["run", sys.argv[1]]))
+"""
+
+
+def test_driver_killed_between_ask_and_suggest(ray_cluster, make_sweep, tmp_path):
+    sw = make_sweep("f_mid_suggest")
+    enqueue(sw, HEALTHY)  # trial 0: a whole point from the start; trial 1 is sampled, killed mid-draw
+    env = sweep_env(sw.url, sw.art, RAY_ADDRESS=ray_cluster, KILL_AT="1")
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.run([sys.executable, "-c", KILL_MID_SUGGEST, str(sw.spec)], env=env, cwd=ROOT,
+                               stdout=log, stderr=subprocess.STDOUT, timeout=180)
+    t_kill = time.time()
+    assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()
+    mid = {t.number: t for t in trials_of(sw)}
+    assert mid[1].state.name == "RUNNING" and len(mid[1].params) == 1, outcome_text(list(mid.values()))
+    second = start_driver(sw, ray_cluster, tmp_path / "second.log")
+    try:
+        assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    sw.log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
+    res = settle(sw, {})
+    by = res["by_number"]
+    half = by[1]  # never ran: failed without counting, and never run with what it lacked drawn anew
+    assert half.state.name == "FAIL" and half.user_attrs["fail_kind"] == "infra" and not counts(half), sw.log
+    assert not [t for t in res["trials"] if t.user_attrs.get("rerun_of") == 1 or t.user_attrs.get("retry_of") == 1]
+    reruns = [t for t in res["trials"] if "rerun_of" in t.user_attrs]
+    for t in reruns:  # the whole point of what the kill took (trial 0, if its task was under way)
+        assert t.params == by[t.user_attrs["rerun_of"]].params == HEALTHY, outcome_text(res["trials"])
+    assert res["done"] == sw.n_trials and all(t.state.name == "COMPLETE" for t in res["trials"] if counts(t))
+    back = [stamp(t.datetime_start) for t in res["trials"] if t.number not in mid]
+    record("driver killed between ask and suggest", outcome_text(res["trials"]), res["lost"],
+           min(back) - t_kill if back else None, len(reruns))
