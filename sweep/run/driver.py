@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from sweep import store as st
 from sweep.run import health, liveness, notes, printing
+from sweep.run.autoscale import Capacity
 from sweep.run.outcome import (
     ATTR_ADHOC,
     ATTR_ADHOC_BUDGET,
@@ -129,6 +130,7 @@ class Driver:
         self._warm = WarmPicker(spec)  # enqueued trials whose graphs are compiled go first
         self._proxy: st.StorageProxy | None = None
         self.worker_url = self.url  # what trials use: the store itself, or the driver's gRPC proxy
+        self.capacity: Capacity | None = None  # slots and the autoscaler request (sweep.run.autoscale)
 
     # -- printing -------------------------------------------------------------------------------
 
@@ -203,13 +205,13 @@ class Driver:
             self.say(f"warning: the cluster has no {', '.join(missing)} yet; trials wait until it does")
 
     def slots(self) -> int:
-        if self.spec.concurrency is not None:
-            return self.spec.concurrency
-        import ray
+        return self._capacity().slots()
 
-        total = ray.cluster_resources()
-        need = self.spec.resources.as_dict() or {"CPU": 1.0}
-        return max(1, min(int(total.get(k, 0) // v) for k, v in need.items()))
+    def _capacity(self) -> Capacity:
+        if self.capacity is None:  # joined a cluster: it may autoscale; a local Ray this driver started cannot
+            joined = bool(os.environ.get("RAY_ADDRESS")) and not self._started_ray
+            self.capacity = Capacity(self.spec, cluster=joined, say=self.say)
+        return self.capacity
 
     # -- main loop ------------------------------------------------------------------------------
 
@@ -262,6 +264,7 @@ class Driver:
             running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
             adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
             want = max(spec.n_trials - done - running, adhoc)
+            self._capacity().demand(len(self.inflight) + max(want, 0))
             while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
                 if self.launch_next():
                     want -= 1
@@ -367,6 +370,8 @@ class Driver:
         self.say(f"storage proxy: workers use {self.worker_url}")
 
     def shutdown(self) -> None:
+        if self.capacity is not None:
+            self.capacity.release()
         if self._proxy is not None:
             self._proxy.close()
             self._proxy = None

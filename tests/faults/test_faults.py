@@ -567,6 +567,52 @@ def test_two_drivers_on_one_study(ray_cluster, make_sweep, tmp_path):
            res["lost"], None)
 
 
+@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 (make faults); make test runs the short form, "
+                                     "tests/sweep/run/test_autoscale.py")
+def test_worker_node_removed_from_an_autoscaling_cluster(make_sweep, tmp_path):
+    """Ray's fake autoscaling cluster, from zero workers; the node under a training trial is taken away."""
+    from sweep.run import liveness
+    from sweep.run.outcome import ATTR_RERUN_OF, lost_to_infra
+    from tests.autoscaling_cluster import autoscaling_cluster
+
+    workers = 3
+    sw = make_sweep("f_node_removed", n_trials=workers + 1, concurrency="auto")
+    node = {"cpu1": {"resources": {"CPU": 1, "object_store_memory": 80 * 1024**2}, "max_workers": workers}}
+    with autoscaling_cluster(node, max_workers=workers) as cluster:
+        env = {**sweep_env(sw.url, sw.art), **cluster.env}
+        with open(tmp_path / "driver.log", "wb") as log:
+            driver = subprocess.Popen(sweep_cmd("run", str(sw.spec)), env=env, cwd=ROOT, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            def training() -> list[int]:
+                return [n for n in range(workers) if stepping(sw, n) and trainer_pids(sw, n)]
+
+            victim = wait_for(training, 240, interval=0.3, what="a trial training on a worker node")[0]
+            before = snapshot(sw)
+            (pid,) = trainer_pids(sw, victim)
+            t_kill = time.time()
+            cluster.remove_node_of(pid)
+            rc = driver.wait(timeout=400)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+                driver.wait()
+        sw.log = (tmp_path / "driver.log").read_text(errors="replace")
+        assert rc == 0, sw.log
+        request = cluster.standing_request()
+    res = settle(sw, before)
+    detail = outcome_text(res["trials"]) + "\n" + sw.log[-3000:]
+    lost = [t.number for t in res["trials"] if lost_to_infra(t)]
+    reruns = [t for t in res["trials"] if ATTR_RERUN_OF in t.user_attrs]
+    assert lost == [victim] and [t.user_attrs[ATTR_RERUN_OF] for t in reruns] == [victim], detail
+    assert reruns[0].state.name == "COMPLETE" and reruns[0].params == res["by_number"][victim].params, detail
+    assert "autoscaler: asked for" in sw.log and "(nodes joined" in sw.log, sw.log
+    assert request == [], f"the autoscaler request was left standing: {request}"
+    record("worker node removed (autoscaling cluster)",
+           outcome_text(res["trials"]) + "; the re-run not counted", res["lost"],
+           liveness.started_at(reruns[0]) - t_kill, rerun=len(reruns))  # to the re-run's supervisor up on a node
+
+
 # -- the store itself: what the faults above lean on ----------------------------------------------
 
 
