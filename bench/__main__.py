@@ -12,8 +12,8 @@ import json
 import sys
 import time
 
-SUITES = ("trainer_bench", "eval_bench", "data_bench", "kernels_bench", "core_bench", "sweep_bench", "storage_load",
-          "replay_bench")
+SUITES = ("trainer_bench", "recipe_bench", "eval_bench", "data_bench", "kernels_bench", "core_bench", "sweep_bench",
+          "storage_load", "replay_bench")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,7 +92,8 @@ class Estimate:
         elif not self.chips_per_trial:
             pass  # a laptop or CPU run: no cluster head to price
         else:
-            out.append("head: not counted (concurrency is \"auto\": pass --parallel N to include it)")
+            out.append("head: not counted (concurrency is \"auto\" without max_concurrency: pass --parallel N "
+                       "to include it)")
         out.append(f"total: ${self.total_usd:,.2f}")
         if self.cap_usd is not None:
             verdict = "OVER" if self.over_cap else "within"
@@ -153,7 +154,7 @@ def estimate(spec: Any, instance_type: str | None = None, price_usd_per_hour: fl
     chip_hours = spec.n_trials * chips * trial_s / 3600.0
     trials_usd = chip_hours * price / per_instance
 
-    parallel = parallel if parallel is not None else spec.concurrency
+    parallel = parallel if parallel is not None else spec.concurrency or spec.max_concurrency
     if parallel is not None and parallel < 1:
         raise BadInput(f"--parallel must be >= 1, got {parallel}")
     head_hours = head_usd = None

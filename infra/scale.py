@@ -1,11 +1,12 @@
 """Ask the Ray autoscaler for trn2 workers ahead of demand, and release them again.
 
-With ``concurrency = "auto"`` the sweep runs one trial per free slot *of the nodes that exist*; on a
-cluster that autoscales from zero that is one node: the first pending trial starts one worker, and
-no trial is ever pending beyond the slots it brings. ``request_resources`` tells the autoscaler to
-keep capacity for N workers' worth of ``neuron_cores`` whether or not tasks wait for it; the sweep
-then sees the slots appear. The request stays until replaced: ``--workers 0`` withdraws it so idle
-workers are scaled away (``ray down`` removes them regardless). Run it on the head (RAY_ADDRESS=auto).
+The sweep driver asks the autoscaler for its own trials' resources (``sweep.run.autoscale``) and
+withdraws the request when it ends, so a study reaches its concurrency without this. It remains for
+capacity wanted before any sweep (warming the compile cache, say) and for withdrawing a request a
+driver killed outright left behind. ``request_resources`` keeps capacity for N workers' worth of
+``neuron_cores`` whether or not tasks wait for it; the request stays until replaced: ``--workers 0``
+withdraws it so idle workers are scaled away (``ray down`` removes them regardless). Run it on the head
+(RAY_ADDRESS=auto). A request replaces the one standing, the driver's too, and vice versa.
 """
 
 from __future__ import annotations

@@ -38,8 +38,24 @@ class GPTConfig:
     rope_base: float = 10000.0
     softcap: float = 15.0  # 0 disables the logit softcap
     qk_norm: bool = True
-    value_embeds: bool = False  # nanochat's value embeddings, mixed into V on alternating layers
-    residual_scalars: bool = False  # learned per-layer scalars on the residual and on the embedding skip
+    qk_scale: float = 1.0  # q and k times this after QK-norm (nanochat: 1.2, sharper attention)
+    # The public recipe's features (docs/recipe.md says where each comes from and what it gained there).
+    # Value embeddings: a vocab x kv_dim table on alternating layers ending with the last, added to V through a
+    # per-head gate ve_gate_scale * sigmoid(W x[:ve_gate_channels]) (at most model_dim; 0: added ungated).
+    value_embeds: bool = True
+    ve_gate_channels: int = 32
+    ve_gate_scale: float = 2.0
+    # Residual scalars: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 before block i (x0: the normed embedding).
+    residual_scalars: bool = True
+    x0_init: float = 0.1  # x0_lambdas' initial value (resid_lambdas start at 1)
+    # Attention windows, a pattern of S (short: short_window tokens, 0: seq_len // 2) and L (full) tiled over
+    # the layers, the last always L. On CPU and Neuron a window is a mask on full attention: no FLOPs saved.
+    window_pattern: str = "L"
+    short_window: int = 0
+    smear: bool = False  # nanochat: a gated share of the previous token's embedding added to each token's
+    backout: bool = False  # nanochat: a learned share of the mid-depth residual subtracted before the head
+    embed_init_std: float = 1.0  # wte's init (nanochat: 0.8)
+    fc_init_scale: float = 1.0  # the MLP input projection's init relative to the others (nanochat: 0.4)
     head_init_std: float = 0.001
     kernels: str = "auto"  # torch (plain), reference (autograd Functions), nki (Trainium); auto: nki or torch
     # False: derive model_dim and n_kv_head but do not validate. Only for counting (model.counts) whatever
@@ -60,6 +76,11 @@ class GPTConfig:
         return self.model_dim // self.head_dim
 
     @property
+    def ve_gate_width(self) -> int:
+        """Channels a value-embedding gate reads: ve_gate_channels, at most the model's width."""
+        return min(self.ve_gate_channels, self.model_dim)
+
+    @property
     def mlp_dim(self) -> int:
         return int(round(self.mlp_ratio * self.model_dim))
 
@@ -78,6 +99,22 @@ class GPTConfig:
             raise ValueError(f"kernels must be one of {', '.join(IMPLS)}, got {self.kernels!r}")
         if self.mlp_ratio <= 0 or self.rope_base <= 0 or self.softcap < 0 or self.head_init_std < 0:
             raise ValueError("mlp_ratio and rope_base must be positive, softcap and head_init_std >= 0")
+        for name in ("qk_scale", "ve_gate_scale", "embed_init_std", "fc_init_scale"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.ve_gate_channels < 0:
+            raise ValueError(f"ve_gate_channels must not be negative, got {self.ve_gate_channels}")
+        if self.short_window < 0:
+            raise ValueError(f"short_window must not be negative, got {self.short_window}")
+        if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
+            raise ValueError(f"window_pattern must be a non-empty string of S and L, got {self.window_pattern!r}")
+
+    def window_sizes(self) -> list[int]:
+        """Each layer's attention window in tokens (seq_len: full causal attention); the last layer is full."""
+        short = min(self.short_window or self.seq_len // 2, self.seq_len) or 1
+        pattern = self.window_pattern.upper() or "L"
+        sizes = [short if pattern[i % len(pattern)] == "S" else self.seq_len for i in range(self.depth)]
+        return sizes[:-1] + [self.seq_len] if sizes else sizes
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -102,6 +139,10 @@ class OptimConfig:
     muon_momentum: float = 0.95
     muon_momentum_start: float = 0.85
     muon_momentum_warmup_ratio: float = 0.1
+    # NorMuon: the orthogonalised update rescaled per row (or column) by an EMA of its squares (beta2).
+    normuon: bool = True
+    muon_beta2: float = 0.95
+    x0_beta1: float = 0.96  # Adam's beta1 for the x0 scalars (resid scalars take scalar_lr / 100)
     cautious_wd: bool = True
     warmup_ratio: float = 0.0
     warmdown_ratio: float = 0.5
@@ -276,7 +317,7 @@ def _check_optim(optim: OptimConfig) -> None:
         if isinstance(value, float) and value < 0:
             raise ConfigError(f"{f.name} must not be negative, got {value}")
     for key in ("warmup_ratio", "warmdown_ratio", "final_lr_frac", "muon_momentum", "muon_momentum_start",
-                "adam_beta1", "adam_beta2"):
+                "adam_beta1", "adam_beta2", "muon_beta2", "x0_beta1"):
         if not 0 <= getattr(optim, key) <= 1:
             raise ConfigError(f"{key} must lie in [0, 1], got {getattr(optim, key)}")
     if optim.warmup_ratio + optim.warmdown_ratio > 1:

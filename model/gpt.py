@@ -1,4 +1,5 @@
-"""A nanochat-style GPT: RMSNorm without weights, rotary embeddings, QK-norm, ReLU² MLP, logit softcap.
+"""A nanochat-style GPT: RMSNorm without weights, rotary embeddings, QK-norm, ReLU² MLP, logit softcap, and the
+public recipe's extras (gated value embeddings, residual and x0 scalars, windows, smear, backout: docs/recipe.md).
 
 Everything a sweep may vary lives in `model.config.GPTConfig`, which a flat parameter dict fills; its
 parameter count and FLOPs per token are `model.counts`' (torch-free, for the sweep too). The model keeps
@@ -34,6 +35,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def window_mask(length: int, window: int, device: torch.device) -> torch.Tensor | None:
+    """A causal mask letting each position see its last `window` tokens (itself included); None: plain causal
+    (window 0 stands for no window at all)."""
+    if window <= 0 or window >= length:
+        return None
+    pos = torch.arange(length, device=device)
+    back = pos[:, None] - pos[None, :]
+    return (back >= 0) & (back < window)
+
+
+def has_value_embed(config: GPTConfig, layer: int) -> bool:
+    """Value embeddings sit on alternating layers counted back from the last, which always has one."""
+    return config.value_embeds and layer % 2 == (config.depth - 1) % 2
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int, ops: Ops) -> None:
         super().__init__()
@@ -44,12 +60,15 @@ class Attention(nn.Module):
         self.c_k = nn.Linear(d, config.n_kv_head * hd, bias=False)
         self.c_v = nn.Linear(d, config.n_kv_head * hd, bias=False)
         self.c_proj = nn.Linear(config.n_head * hd, d, bias=False)
-        self.has_value_embed = config.value_embeds and layer % 2 == 1
-        if self.has_value_embed:
-            self.value_gate = nn.Parameter(torch.ones(config.n_kv_head))
+        self.has_value_embed = has_value_embed(config, layer)
+        # The gate reads the first ve_gate_channels of the block's input: a per-token, per-head share of the
+        # value embedding (ResFormer-style value residual); a Muon matrix like the other block weights.
+        self.ve_gate = (nn.Linear(config.ve_gate_width, config.n_kv_head, bias=False)
+                        if self.has_value_embed and config.ve_gate_width else None)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         cfg = self.config
@@ -57,16 +76,25 @@ class Attention(nn.Module):
         k = self.c_k(x).view(B, T, cfg.n_kv_head, cfg.head_dim)
         v = self.c_v(x).view(B, T, cfg.n_kv_head, cfg.head_dim)
         if value_embed is not None:
-            v = v + self.value_gate.view(1, 1, -1, 1) * value_embed.view(B, T, cfg.n_kv_head, cfg.head_dim)
+            value_embed = value_embed.view(B, T, cfg.n_kv_head, cfg.head_dim)
+            if self.ve_gate is not None:
+                gate = cfg.ve_gate_scale * torch.sigmoid(self.ve_gate(x[..., :cfg.ve_gate_width]))
+                value_embed = gate.unsqueeze(-1) * value_embed
+            v = v + value_embed
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cfg.qk_norm:
             q, k = self.ops.rms_norm(q), self.ops.rms_norm(k)
+        if cfg.qk_scale != 1.0:
+            q, k = q * cfg.qk_scale, k * cfg.qk_scale
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cfg.n_kv_head != cfg.n_head:
             # Explicit repeat rather than SDPA's enable_gqa: every backend, Neuron's included, lowers it.
             repeat = cfg.n_head // cfg.n_kv_head
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -89,10 +117,14 @@ class Block(nn.Module):
         self.mlp = MLP(config, ops)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, value_embed: torch.Tensor | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ops.rms_norm(x), cos, sin, value_embed)
+        x = x + self.attn(self.ops.rms_norm(x), cos, sin, value_embed, mask)
         return x + self.mlp(self.ops.rms_norm(x))
+
+
+SMEAR_CHANNELS = 24  # the smear gate reads this many leading channels of the embedding (nanochat's choice)
 
 
 class GPT(nn.Module):
@@ -112,7 +144,14 @@ class GPT(nn.Module):
         )
         if config.residual_scalars:
             self.resid_lambdas = nn.Parameter(torch.ones(config.depth))
-            self.x0_lambdas = nn.Parameter(torch.zeros(config.depth))
+            self.x0_lambdas = nn.Parameter(torch.full((config.depth,), config.x0_init))
+        if config.smear:
+            self.smear_gate = nn.Linear(min(SMEAR_CHANNELS, config.model_dim), 1, bias=False)
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if config.backout:
+            self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
+        # Short windows in tokens; 0 for full layers, which stay full at any evaluation length.
+        self.windows = [w if w < config.seq_len else 0 for w in config.window_sizes()]
         cos, sin = rotary_tables(config.seq_len, config.head_dim, config.rope_base)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -128,19 +167,25 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """nanochat's scheme: unit-variance embeddings, uniform inputs, zero output projections."""
-        d = self.config.model_dim
-        bound = math.sqrt(3.0) * d**-0.5
-        nn.init.normal_(self.wte.weight, std=1.0)
+        """nanochat's scheme: normal embeddings, uniform inputs (value embeddings alike), zero output projections
+        and gates, residual scalars at 1 and x0_init."""
+        cfg = self.config
+        bound = math.sqrt(3.0) * cfg.model_dim**-0.5
+        nn.init.normal_(self.wte.weight, std=cfg.embed_init_std)
         for ve in self.value_embeds.values():
-            nn.init.normal_(ve.weight, std=1.0)
+            nn.init.uniform_(ve.weight, -bound, bound)
         for block in self.blocks:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.uniform_(block.mlp.c_fc.weight, -bound * cfg.fc_init_scale, bound * cfg.fc_init_scale)
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
-        if self.config.head_init_std > 0:
-            nn.init.normal_(self.lm_head.weight, std=self.config.head_init_std)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)  # sigmoid(0) * 2 = 1: the plain sum at the start
+        if cfg.smear:
+            nn.init.uniform_(self.smear_gate.weight, 0.0, 0.02)
+        if cfg.head_init_std > 0:
+            nn.init.normal_(self.lm_head.weight, std=cfg.head_init_std)
         else:
             nn.init.zeros_(self.lm_head.weight)
 
@@ -152,12 +197,23 @@ class GPT(nn.Module):
         if self.cos.size(1) < T:  # never in training (T == seq_len): compiled graphs see fixed tables
             self.grow_rotary(T)
         cos, sin = self.cos[:, :T], self.sin[:, :T]
-        x = x0 = self.ops.rms_norm(self.wte(idx))
+        cfg = self.config
+        x = self.ops.rms_norm(self.wte(idx))
+        if cfg.smear:  # each token takes a gated share of its predecessor's embedding: cheap bigram information
+            gate = self.smear_lambda * torch.sigmoid(self.smear_gate(x[:, 1:, :self.smear_gate.in_features]))
+            x = torch.cat((x[:, :1], x[:, 1:] + gate * x[:, :-1]), dim=1)
+        x0 = x
+        masks = {w: window_mask(T, w, idx.device) for w in set(self.windows)}
+        backout_at, x_mid = cfg.depth // 2, None
         for i, block in enumerate(self.blocks):
-            if self.config.residual_scalars:
+            if cfg.residual_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-            x = block(x, cos, sin, ve)
+            x = block(x, cos, sin, ve, masks[self.windows[i]])
+            if cfg.backout and i == backout_at:
+                x_mid = x
+        if x_mid is not None:
+            x = x - self.backout_lambda * x_mid
         logits = self.lm_head(self.ops.rms_norm(x))
         if targets is not None:
             return self.ops.softcap_cross_entropy(
@@ -179,15 +235,21 @@ class GPT(nn.Module):
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Split parameters by optimiser role: Muon takes the block matrices, AdamW the rest."""
+        cfg = self.config
         matrices = [p for p in self.blocks.parameters() if p.ndim == 2]
         scalars = [p for p in self.blocks.parameters() if p.ndim < 2]
-        if self.config.residual_scalars:
-            scalars += [self.resid_lambdas, self.x0_lambdas]
+        if cfg.smear:
+            scalars += [self.smear_gate.weight, self.smear_lambda]
+        if cfg.backout:
+            scalars.append(self.backout_lambda)
         return {
             "matrix": matrices,
             "embedding": [self.wte.weight, *(ve.weight for ve in self.value_embeds.values())],
             "unembedding": [self.lm_head.weight],
             "scalar": scalars,
+            # Multiplicative on the residual stream, so compounding over layers: a much smaller rate (optim).
+            "resid": [self.resid_lambdas] if cfg.residual_scalars else [],
+            "x0": [self.x0_lambdas] if cfg.residual_scalars else [],
         }
 
     def num_params(self) -> int:

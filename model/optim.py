@@ -44,8 +44,11 @@ def orthogonalize(g: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch
 class Muon(torch.optim.Optimizer):
     """Momentum orthogonalised by Polar Express, for 2-D weights whose gradients are already reduced.
 
-    The update is scaled by sqrt(max(1, rows / cols)) so tall and wide matrices move alike. Weight decay is
-    decoupled, or cautious (applied only where update and weight agree in sign, arXiv:2510.12402).
+    The step (update and weight decay alike) is scaled by sqrt(max(1, rows / cols)) so tall and wide matrices
+    move alike. With NorMuon (beta2 given, arXiv:2510.05491) the orthogonalised update is rescaled per row, or
+    per column for a wide matrix, by the inverse root of an EMA of its mean square, then brought back to its
+    own Frobenius norm. Weight decay is decoupled, or cautious (applied only where update and weight agree in
+    sign, arXiv:2510.12402).
     """
 
     def __init__(
@@ -57,17 +60,34 @@ class Muon(torch.optim.Optimizer):
         nesterov: bool = True,
         cautious_wd: bool = True,
         ortho_dtype: torch.dtype = torch.bfloat16,
+        beta2: torch.Tensor | None = None,
     ) -> None:
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         self.nesterov = nesterov
         self.cautious_wd = cautious_wd
         self.ortho_dtype = ortho_dtype
+        self.beta2 = beta2
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon takes 2-D matrices only, got shape {tuple(p.shape)}")
                 # State exists from the start, so a compiled step sees the same structure every time.
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                if beta2 is not None:
+                    rows, cols = p.shape
+                    shape = (rows, 1) if rows >= cols else (1, cols)
+                    self.state[p]["second_moment"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+
+    @staticmethod
+    def _normalise(update: torch.Tensor, second: torch.Tensor, beta2: torch.Tensor) -> torch.Tensor:
+        """NorMuon: divide each row (column) by the root of its running mean square, keep the total norm."""
+        dim = -1 if update.size(0) >= update.size(1) else -2
+        mean_sq = update.float().square().mean(dim=dim, keepdim=True)
+        second.lerp_(mean_sq, 1 - beta2)
+        scale = second.clamp_min(1e-10).rsqrt()
+        before = mean_sq.sum().sqrt()
+        after = (mean_sq * scale.square()).sum().sqrt()
+        return update * (scale * (before / after.clamp_min(1e-10))).to(update.dtype)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -80,22 +100,26 @@ class Muon(torch.optim.Optimizer):
                 buf.lerp_(p.grad, 1 - mom)
                 g = p.grad.lerp(buf, mom) if self.nesterov else buf
                 update = orthogonalize(g, self.ortho_dtype)
-                update.mul_(max(1.0, p.size(0) / p.size(1)) ** 0.5)
+                if self.beta2 is not None:
+                    update = self._normalise(update, self.state[p]["second_moment"], self.beta2)
+                step_lr = lr * max(1.0, p.size(0) / p.size(1)) ** 0.5
                 if self.cautious_wd:
                     mask = (update * p > 0).to(p.dtype)
-                    p.sub_(p * mask * (lr * wd))
+                    p.sub_(p * mask * (step_lr * wd))
                 else:
-                    p.mul_(1 - lr * wd)
-                p.sub_(update * lr)
+                    p.mul_(1 - step_lr * wd)
+                p.sub_(update * step_lr)
 
 
 class AdamW(torch.optim.Optimizer):
     """AdamW whose lr and weight decay are 0-dim tensors, so changing them never retraces a graph."""
 
     def __init__(
-        self, params, lr: torch.Tensor, betas: tuple[float, float], eps: float, weight_decay: torch.Tensor
+        self, params, lr: torch.Tensor, betas: tuple[float, float], eps: float, weight_decay: torch.Tensor,
+        decay: bool = True,
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.decay = decay  # False: weight decay is 0 throughout, and its pass over every weight is skipped
         for group in self.param_groups:
             for p in group["params"]:
                 self.state[p].update(step=torch.zeros((), device=p.device), exp_avg=torch.zeros_like(p),
@@ -112,11 +136,12 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.lerp_(p.grad, 1 - b1)
-                v.lerp_(p.grad.square(), 1 - b2)
-                m_hat = m / (1 - b1 ** state["step"])
-                v_hat = v / (1 - b2 ** state["step"])
-                p.mul_(1 - lr * wd)
-                p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                # Bias corrections folded into 0-dim factors: the embeddings' step is few full-size passes.
+                denom = (v / (1 - b2 ** state["step"])).sqrt_().add_(eps)
+                if self.decay:
+                    p.mul_(1 - lr * wd)
+                p.sub_(m.div(denom).mul_(lr / (1 - b1 ** state["step"])))
 
 
 class Optimizers:
@@ -132,22 +157,26 @@ class Optimizers:
 
         self.base_lrs: list[tuple[torch.Tensor, float]] = []
         adam_groups = []
-        bases = {"embedding": cfg.embedding_lr * scale, "unembedding": cfg.unembedding_lr * scale,
-                 "scalar": cfg.scalar_lr}
-        for name, base in bases.items():
-            if groups[name]:
+        betas = (cfg.adam_beta1, cfg.adam_beta2)
+        # (lr, betas) per role; the residual scalars multiply the stream, compounding over layers: lr / 100.
+        bases = {"embedding": (cfg.embedding_lr * scale, betas), "unembedding": (cfg.unembedding_lr * scale, betas),
+                 "scalar": (cfg.scalar_lr, betas), "resid": (cfg.scalar_lr * 0.01, betas),
+                 "x0": (cfg.scalar_lr, (cfg.x0_beta1, cfg.adam_beta2))}
+        for name, (base, group_betas) in bases.items():
+            if groups.get(name):
                 lr = scalar(base)
                 self.base_lrs.append((lr, base))
-                adam_groups.append({"params": groups[name], "lr": lr})
+                adam_groups.append({"params": groups[name], "lr": lr, "betas": group_betas})
         self.adam_wd = scalar(cfg.adam_weight_decay)
         self.adamw = AdamW(adam_groups, lr=scalar(0.0), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10,
-                           weight_decay=self.adam_wd)
+                           weight_decay=self.adam_wd, decay=cfg.adam_weight_decay > 0)
         self.muon_lr = scalar(cfg.matrix_lr)
         self.base_lrs.append((self.muon_lr, cfg.matrix_lr))
         self.muon_momentum = scalar(cfg.muon_momentum_start)
         self.muon_wd = scalar(cfg.weight_decay)
         self.muon = Muon(groups["matrix"], lr=self.muon_lr, momentum=self.muon_momentum,
-                         weight_decay=self.muon_wd, cautious_wd=cfg.cautious_wd)
+                         weight_decay=self.muon_wd, cautious_wd=cfg.cautious_wd,
+                         beta2=scalar(cfg.muon_beta2) if cfg.normuon else None)
 
     def set_progress(self, progress: float) -> float:
         """Fill every scheduled scalar in place for this point of the run; returns the lr multiplier."""

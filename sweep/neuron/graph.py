@@ -39,24 +39,28 @@ TRAINER_DEFAULTS = trainer_defaults()
 #   equal models written differently share a key; aspect_ratio matters only through model_dim.
 # - kernels, compile, device: which ops and which compiler (reference or NKI kernels; eager or
 #   compiled; CPU graphs are not Neuron graphs).
-# - qk_norm, value_embeds, residual_scalars, cautious_wd: boolean toggles that add or drop ops.
-# - softcap, adam_beta1, adam_beta2: Python floats traced into the graphs as constants (softcap 0
-#   also drops the op), so another value is another NEFF even at equal shapes.
+# - qk_norm, value_embeds, residual_scalars, smear, backout, normuon, cautious_wd: boolean toggles that add
+#   or drop ops; ve_gate_channels (a gate's shape), window_pattern and short_window (masks traced as constants).
+# - softcap, qk_scale, ve_gate_scale, adam_beta1, adam_beta2, x0_beta1: Python floats traced into the graphs as
+#   constants (softcap 0 and qk_scale 1 also drop an op), so another value is another NEFF even at equal shapes.
 # - tokenizer: a tokenizer file fixes the vocabulary in place of vocab_size.
 # - ranks, lnc, neuron_cc_flags (launch keys, below): world size, the compile target's logical core
 #   size and the compiler's options all change the compiled artefact.
 GRAPH_DEFAULTS: dict[str, Any] = {k: TRAINER_DEFAULTS[k] for k in (
     "vocab_size", "depth", "aspect_ratio", "model_dim", "head_dim", "n_kv_head", "mlp_ratio", "seq_len", "batch_size",
     "kernels", "compile", "device", "qk_norm", "value_embeds", "residual_scalars", "cautious_wd", "softcap",
-    "adam_beta1", "adam_beta2", "tokenizer")}
+    "adam_beta1", "adam_beta2", "tokenizer", "qk_scale", "ve_gate_channels", "ve_gate_scale", "window_pattern",
+    "short_window", "smear", "backout", "normuon", "x0_beta1")}
 # Left out, and why: every learning rate, weight decay, momentum and schedule ratio is a 0-dim device
 # tensor filled in place (model/optim.py), so it never changes a graph; grad_accum (and
-# total_batch_tokens, which only sets it) repeats the same micro-step graph; rope_base and head_init_std
-# only fill buffers and weights (graph inputs); seed, data, val_shard, eval, CORE and budget settings,
+# total_batch_tokens, which only sets it) repeats the same micro-step graph; rope_base, head_init_std,
+# embed_init_std, fc_init_scale and x0_init only fill buffers and weights (graph inputs), muon_beta2 a 0-dim
+# tensor; seed, data, val_shard, eval, CORE and budget settings,
 # logging and checkpointing are run-time.
 NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "weight_decay", "adam_weight_decay",
                     "muon_momentum", "muon_momentum_start", "muon_momentum_warmup_ratio", "warmup_ratio",
-                    "warmdown_ratio", "final_lr_frac", "grad_accum", "rope_base", "head_init_std", "seed", "data",
+                    "warmdown_ratio", "final_lr_frac", "grad_accum", "rope_base", "head_init_std", "embed_init_std",
+                    "fc_init_scale", "x0_init", "muon_beta2", "seed", "data",
                     "val_shard", "cache_dir", "eval_tokens", "final_eval_tokens", "eval_fractions", "eval_at_start",
                     "budget_s", "startup_allowance_s", "excluded_steps", "max_steps", "max_loss", "log_every",
                     "save_checkpoint", "num_threads",
@@ -103,7 +107,27 @@ def graph_shape(config: Mapping[str, Any], default_ranks: int = 1, env: Mapping[
         "softcap": float(c["softcap"]), "adam_beta1": float(c["adam_beta1"]), "adam_beta2": float(c["adam_beta2"]),
         "tokenizer": c["tokenizer"] or "", "ranks": ranks, "lnc": lnc,
         "neuron_cc_flags": " ".join(split_flags(flags)) if flags else "",
+        **recipe_shape(c),
     }
+
+
+# The recipe's graph settings (docs/recipe.md) at the values that compile what the trainer compiled before they
+# existed: at these they stay out of the hash, so a config written with them keeps the key it was stored with.
+LEGACY_RECIPE = {"qk_scale": 1.0, "ve_gate_channels": 0, "ve_gate_scale": 2.0, "window_pattern": "L", "short_window": 0,
+                 "smear": False, "backout": False, "normuon": False, "x0_beta1": None}
+
+
+def recipe_shape(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe's settings of ``c`` that differ from :data:`LEGACY_RECIPE` (the gate and x0 settings only
+    where value embeddings and residual scalars are on)."""
+    out = {"qk_scale": float(c["qk_scale"]), "window_pattern": str(c["window_pattern"]).upper(),
+           "short_window": int(c["short_window"]), "smear": bool(c["smear"]), "backout": bool(c["backout"]),
+           "normuon": bool(c["normuon"])}
+    if c["value_embeds"]:
+        out.update(ve_gate_channels=int(c["ve_gate_channels"]), ve_gate_scale=float(c["ve_gate_scale"]))
+    if c["residual_scalars"]:
+        out["x0_beta1"] = float(c["x0_beta1"])
+    return {k: v for k, v in out.items() if v != LEGACY_RECIPE[k]}
 
 
 def graph_key(config: Mapping[str, Any], default_ranks: int = 1, env: Mapping[str, str] | None = None) -> str:

@@ -26,18 +26,24 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sweep import store as st
-from sweep.run import liveness, notes, printing
+from sweep.run import health, liveness, notes, printing
+from sweep.run.autoscale import Capacity
 from sweep.run.outcome import (
     ATTR_ADHOC,
     ATTR_ADHOC_BUDGET,
     ATTR_ADHOC_PRUNABLE,
+    ATTR_NODE,
     ATTR_RANDOM_FEASIBLE,
     ATTR_SPEC_HASH,
     CONSTRAINT,
+    INFRA,
     RETRYABLE,
     counts,
+    enqueue_rerun,
     enqueue_retry,
+    fail_infra,
     fail_trial,
+    reruns_due,
     retries_due,
     tell_returned,
 )
@@ -48,9 +54,12 @@ from sweep.spec import StudySpec, build_pruner, build_sampler, spec_hash
 from sweep.spec import objective as obj
 from sweep.spec.space import ConstraintViolation
 from sweep.store import artifacts as art
+from sweep.study import python_cmd, study_arg
 
 MAX_CONSTRAINT_REJECTS = 100
 PROGRESS_EVERY_S = 30.0
+PROBE_EVERY_S = 5.0  # how often the driver asks the GCS whether its Ray is there (the pids: every poll)
+EXIT_STOPPED = 3  # stopped before the study was done (its Ray went away, the circuit breaker): resume later
 # How long the driver waits for a store that is away (each storage call, from its first failure) before it
 # gives up and exits: a PostgreSQL restart or failover takes seconds to a minute, its trials keep training.
 STORE_WAIT_S = 300.0
@@ -58,6 +67,16 @@ STORE_WAIT_S = 300.0
 
 class SweepAborted(Exception):
     """The sweep cannot go on (e.g. the trainer rejects the spec's config); exit 2, one line."""
+
+
+class SweepStopped(Exception):
+    """The driver stops launching before the study is done: its Ray went away (``infra``: trials in flight are
+    lost to it) or the circuit breaker tripped. Exit :data:`EXIT_STOPPED`, one line naming the cause and the
+    command that resumes."""
+
+    def __init__(self, cause: str, infra: bool = True) -> None:
+        super().__init__(cause)
+        self.cause, self.infra = cause, infra
 
 
 @dataclass
@@ -92,6 +111,13 @@ class Driver:
         self.inflight: dict[Any, InFlight] = {}
         self.t0 = time.monotonic()
         self._started_ray = False
+        self.watch: health.RayWatch | None = None  # is the Ray we launch into still there (sweep.run.health)
+        self.breaker = health.CircuitBreaker(spec.max_failures_in_a_row)
+        self._last_probe = 0.0
+        self._infra_loss = False  # a trial was lost to the infrastructure: check that nodes can hold trials
+        self._waiting_since: float | None = None  # on a cluster: since when no node can run a trial
+        self._last_words = ""  # the line a stopped run ends with
+        self._store_since: float | None = None  # since when the store cannot be reached
         self._last_scan = 0.0
         # When the store last came back from an outage this process waited out (unix time).
         self._store_back = (st.last_outage() or (0.0, 0.0))[1]
@@ -104,6 +130,7 @@ class Driver:
         self._warm = WarmPicker(spec)  # enqueued trials whose graphs are compiled go first
         self._proxy: st.StorageProxy | None = None
         self.worker_url = self.url  # what trials use: the store itself, or the driver's gRPC proxy
+        self.capacity: Capacity | None = None  # slots and the autoscaler request (sweep.run.autoscale)
 
     # -- printing -------------------------------------------------------------------------------
 
@@ -155,7 +182,8 @@ class Driver:
     def connect_ray(self) -> None:
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized():  # someone else's Ray (a test's, `sweep trial --now`'s driver): watched via its GCS
+            self.watch = self.watch or health.RayWatch(local=False)
             return
         address = os.environ.get("RAY_ADDRESS")
         kwargs: dict[str, Any] = {"namespace": "trnsweep", "log_to_driver": False, "logging_level": logging.WARNING}
@@ -164,9 +192,12 @@ class Driver:
         else:
             kwargs |= {"include_dashboard": False, "num_cpus": os.cpu_count() or 1,
                        "object_store_memory": 200 * 1024**2}
-            with quiet_local_token_notice():  # "local": a new Ray of its own, never the machine's current one
+            # address="local": always a Ray of its own, even where /tmp/ray/ray_current_cluster still names
+            # a cluster that is gone (a head killed without its clean-up), which ray.init() would try to join.
+            with quiet_local_token_notice():
                 ray.init(address="local", **kwargs)
             self._started_ray = True
+        self.watch = health.RayWatch(local=self._started_ray)
         missing = [r for r in self.spec.resources.as_dict() if ray.cluster_resources().get(r, 0) <= 0]
         if missing and self._started_ray:
             raise SweepAborted(f"{self.spec.path}: trial.resources: this machine's Ray has no {', '.join(missing)}")
@@ -174,13 +205,13 @@ class Driver:
             self.say(f"warning: the cluster has no {', '.join(missing)} yet; trials wait until it does")
 
     def slots(self) -> int:
-        if self.spec.concurrency is not None:
-            return self.spec.concurrency
-        import ray
+        return self._capacity().slots()
 
-        total = ray.cluster_resources()
-        need = self.spec.resources.as_dict() or {"CPU": 1.0}
-        return max(1, min(int(total.get(k, 0) // v) for k, v in need.items()))
+    def _capacity(self) -> Capacity:
+        if self.capacity is None:  # joined a cluster: it may autoscale; a local Ray this driver started cannot
+            joined = bool(os.environ.get("RAY_ADDRESS")) and not self._started_ray
+            self.capacity = Capacity(self.spec, cluster=joined, say=self.say)
+        return self.capacity
 
     # -- main loop ------------------------------------------------------------------------------
 
@@ -197,24 +228,13 @@ class Driver:
         patience.enter_context(st.patience(STORE_WAIT_S))  # a store away for a while is waited out, not fatal
         try:
             self.reconcile()
-            while True:
-                if self._stop:
-                    raise KeyboardInterrupt(self._stop)
-                trials = self.scan()
-                done = sum(counts(t) for t in trials)
-                # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
-                running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
-                adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
-                want = max(spec.n_trials - done - running, adhoc)
-                while want > 0 and len(self.inflight) < self.slots() and not self._stop:
-                    if self.launch_next():
-                        want -= 1
-                if not self.inflight and want <= 0:
-                    break
-                self.wait_some()
+            while self.step():
+                pass
             self.progress(force=time.monotonic() - self._last_progress > 1.0)
             self.print_best()
             return 0
+        except SweepStopped as e:
+            return self.stopped(e)
         except KeyboardInterrupt:
             self.abandon(f"driver interrupted ({self._stop or 'SIGINT'})")
             self.say("interrupted: running trials failed as lost; `sweep run` again resumes with their retries")
@@ -227,6 +247,113 @@ class Driver:
             for s, h in old.items():
                 signal.signal(s, h)
             self.shutdown()
+            if self._last_words:
+                self.say(self._last_words)
+
+    def step(self) -> bool:
+        """One turn of the loop: launch into the free slots, wait a poll for results; False once the study is
+        done. A store that cannot be reached (after :func:`sweep.store.retry`'s own tries) is waited for."""
+        spec = self.spec
+        if self._stop:
+            raise KeyboardInterrupt(self._stop)
+        try:
+            launch = self.check_ray()
+            trials = self.scan()
+            done = sum(counts(t) for t in trials)
+            # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
+            running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
+            adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
+            want = max(spec.n_trials - done - running, adhoc)
+            self._capacity().demand(len(self.inflight) + max(want, 0))
+            while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
+                if self.launch_next():
+                    want -= 1
+                launch = self.check_ray(probe=False)
+            if self.breaker.tripped and not self.inflight and want > 0:
+                raise SweepStopped(self._breaker_cause(), infra=False)
+            if not self.inflight and want <= 0:
+                return False
+            self.wait_some()
+        except Exception as e:
+            if not st.is_transient(e):
+                raise
+            self._store_away(e)
+            return True
+        if self._store_since is not None:
+            self.say(f"store: reachable again after {time.monotonic() - self._store_since:.0f} s")
+            self._store_since = None
+        return True
+
+    def _store_away(self, e: BaseException) -> None:
+        """The store stayed unreachable through a call's retries: trials keep running (their supervisors
+        retry too), nothing is launched; past ``infra_wait_s`` the run stops (exit 3)."""
+        now = time.monotonic()
+        why = st.scrub(st.first_line(e), self.url)
+        if self._store_since is None:
+            self._store_since = now
+            self.say(f"store: unreachable ({why}); launching nothing, waiting up to {self.spec.infra_wait_s:g} s "
+                     "([study] infra_wait_s)")
+        elif now - self._store_since > self.spec.infra_wait_s:
+            raise SweepStopped(f"the store stayed unreachable for {self.spec.infra_wait_s:g} s "
+                               f"([study] infra_wait_s): {why}") from e
+        time.sleep(self.poll_s)
+
+    # -- the infrastructure ---------------------------------------------------------------------
+
+    def check_ray(self, probe: bool = True) -> bool:
+        """Whether to launch now. Raises :class:`SweepStopped` when the local Ray is gone, or a cluster has
+        had no node able to run a trial for ``infra_wait_s``; False while waiting for one or the breaker
+        has tripped. The local Ray's processes are checked every call, the GCS every ``PROBE_EVERY_S``."""
+        if self.watch is None:
+            return not self.breaker.tripped
+        gone = self.watch.process_gone()
+        if gone:
+            raise SweepStopped(gone)
+        now = time.monotonic()
+        if probe and now - self._last_probe >= PROBE_EVERY_S:
+            self._last_probe = now
+            problem = self.watch.problem()
+            if problem is None and self._infra_loss and self.watch.fits(self.spec.resources.as_dict()) is False:
+                problem = "no live Ray node can hold a trial"
+            self._waiting(problem, now)
+        return self._waiting_since is None and not self.breaker.tripped
+
+    def _waiting(self, problem: str | None, now: float) -> None:
+        """Start, go on with or end the wait for nodes; a local Ray is not waited for."""
+        if problem is None:
+            if self._waiting_since is not None:
+                self.say(f"ray: nodes are back after {now - self._waiting_since:.0f} s; launching again")
+            self._waiting_since, self._infra_loss = None, False
+            return
+        if self.watch is not None and self.watch.local:
+            raise SweepStopped(problem)
+        if self._waiting_since is None:
+            self._waiting_since = now
+            self.say(f"ray: {problem}; launching nothing, waiting up to {self.spec.infra_wait_s:g} s for nodes "
+                     "([study] infra_wait_s)")
+        elif now - self._waiting_since > self.spec.infra_wait_s:
+            raise SweepStopped(f"{problem} for {self.spec.infra_wait_s:g} s ([study] infra_wait_s)")
+
+    def _breaker_cause(self) -> str:
+        b = self.breaker
+        last = f" (last: {b.last_reason[:160]})" if b.last_reason else ""
+        return (f"circuit breaker: {b.streak} trials in a row ended FAIL ({b.kind}){last}, at most "
+                f"{b.threshold} allowed ([study] max_failures_in_a_row)")
+
+    def stopped(self, e: SweepStopped) -> int:
+        """Stop before the study is done: trials in flight lost to the infrastructure (re-run by the resume,
+        never counted), one line with the cause and the command that resumes; exit :data:`EXIT_STOPPED`."""
+        lost = len(self.inflight)
+        if lost:
+            self.abandon(f"lost to the infrastructure: {e.cause}", kind=INFRA, cancel=False)
+        with contextlib.suppress(Exception):
+            self._enqueue_retries()
+        running = f"{lost} running trial(s) lost to it, re-run then, not counted; " if lost else ""
+        what = "fix the cause, then resume" if not e.infra else "resume once Ray is back"
+        # Said after Ray is shut down (run's finally), so that it is the run's last line.
+        self._last_words = f"sweep stopped: {e.cause}; {running}{what}: {python_cmd()} -m sweep run " \
+                           f"{study_arg(self.spec)}"
+        return EXIT_STOPPED
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop = signal.Signals(signum).name
@@ -243,6 +370,8 @@ class Driver:
         self.say(f"storage proxy: workers use {self.worker_url}")
 
     def shutdown(self) -> None:
+        if self.capacity is not None:
+            self.capacity.release()
         if self._proxy is not None:
             self._proxy.close()
             self._proxy = None
@@ -250,8 +379,11 @@ class Driver:
         if self._started_ray:
             import ray
 
+            # What the local Ray started; a Ray whose GCS died leaves its agents (and workers) behind on shutdown.
+            tree = self.watch.tree() if self.watch is not None else {}
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            health.end_leftovers(tree)
             self._started_ray = False
 
     def _ray_summary(self) -> str:
@@ -268,7 +400,8 @@ class Driver:
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._seed_sampler(trial.number)
-        liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity)
+        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
+                 what="claim", url=self.url)
         try:
             params = spec.space.suggest(trial)
         except ConstraintViolation as cv:
@@ -282,6 +415,9 @@ class Driver:
                 self._rejects = 0
             return False
         self._rejects = 0
+        # Only now, every parameter drawn, may the trial be run again with them (outcome.rerun_params).
+        st.retry(lambda: liveness.mark_suggested(st.study_storage(study), st.trial_id(trial)),
+                 what="mark suggested", url=self.url)
         self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs)
         return True
 
@@ -337,7 +473,12 @@ class Driver:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)
         for ref in ready:
             slot = self.inflight.pop(ref)
-            self.finish(slot, ref)
+            try:
+                self.finish(slot, ref)
+            except Exception as e:
+                if st.is_transient(e):  # the store is away: finished again (its result is Ray's) once it is back
+                    self.inflight[ref] = slot
+                raise
         if ready:
             self.progress(force=True)
         else:
@@ -355,17 +496,21 @@ class Driver:
                 kind, reason = "deadline", slot.cancelled
             elif slot.cancelled:
                 kind, reason = "lost", slot.cancelled
-            elif isinstance(e, ray.exceptions.OutOfMemoryError):
-                kind, reason = "oom", f"Ray's memory monitor killed the worker: {printing.one_line(e)}"
             else:
-                kind, reason = "lost", f"worker died: {printing.one_line(e)}"
-            self.fail(slot.number, slot.trial_id, kind, reason)
+                verdict = health.classify(e, self._node_dead(slot, e))
+                if verdict.infra:
+                    self.lost_to_infra(slot.number, slot.trial_id, verdict.reason)
+                    return
+                kind, reason = verdict.kind, verdict.reason
+            if self.fail(slot.number, slot.trial_id, kind, reason):
+                self._note_end(slot.number, "FAIL", kind, reason)
             self._retry_if_needed(slot.number)
             return
         self._print_reports(slot)
         if not result["told"]:
             self._tell_from_outcome(slot, result)
         self.say(printing.outcome_line(slot.number, result, self.spec.objective))
+        self._note_end(slot.number, result["state"], result["fail_kind"], result["reason"])
         if result["state"] == "COMPLETE":
             self.summarise(slot.number, slot.trial_id)
         if result["fail_kind"] == "config":
@@ -395,15 +540,46 @@ class Driver:
         self.say(f"trial {number} FAIL ({kind}): {reason}")
         return True
 
+    def lost_to_infra(self, number: int, trial_id: int, reason: str) -> bool:
+        """The infrastructure lost the trial: FAIL ``infra`` (never counted) and its re-run enqueued with the
+        same parameters. True if this call finished the trial (False: it had finished already)."""
+        if not fail_infra(self.study, trial_id, number, reason, self.url):
+            return False
+        self.say(f"trial {number} lost to the infrastructure (not counted): {reason}")
+        self._infra_loss = True
+        self._last_probe = 0.0  # look at the infrastructure before launching again
+        self._enqueue_retries(only={number})
+        self._note_end(number, "FAIL", INFRA, reason)
+        return True
+
+    def _note_end(self, number: int, state: str, kind: str | None, reason: str | None) -> None:
+        """Feed the circuit breaker one finished trial; say so once when it trips."""
+        was = self.breaker.tripped
+        if self.breaker.record(state, kind, reason) and not was:
+            self.say(f"trial {number}: {self._breaker_cause()}; launching no more trials, "
+                     f"{len(self.inflight)} still running")
+
+    def _node_dead(self, slot: InFlight, e: BaseException) -> bool | None:
+        """For a crashed worker only (the one ambiguous error): whether the trial's node is dead."""
+        if self.watch is None or not health.worker_crashed(e):
+            return None
+        with contextlib.suppress(Exception):
+            t = st.study_storage(self.study).get_trial(slot.trial_id)
+            return self.watch.node_dead(t.system_attrs.get(ATTR_NODE))
+        return None
+
     def _retry_if_needed(self, number: int) -> None:
         self._enqueue_retries(only={number})
 
     def _enqueue_retries(self, only: set[int] | None = None) -> None:
-        """Enqueue the missing retries, judged on a fresh read so no failure is retried twice."""
+        """Enqueue the missing retries and re-runs, judged on a fresh read so none is enqueued twice."""
         trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
         for t in retries_due(trials, only):
             enqueue_retry(self.study, t, self.url)
             self.say(f"trial {t.number}: retry enqueued with the same parameters")
+        for t in reruns_due(trials, only):
+            enqueue_rerun(self.study, t, self.url)
+            self.say(f"trial {t.number}: re-run enqueued with the same parameters")
 
     # -- liveness -------------------------------------------------------------------------------
 
@@ -462,18 +638,20 @@ class Driver:
         return False
 
     def _check_foreign(self, t: Any, wall: float) -> bool:
-        reason = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id, self._store_back)
-        return reason is not None and self.fail(t.number, st.trial_id(t), "lost", reason)
+        lost = liveness.orphaned(t, wall, self.spec.stale_after_s, self.run_id, self._store_back)
+        return lost is not None and self.fail(t.number, st.trial_id(t), *lost)
 
-    def abandon(self, why: str) -> None:
-        """Cancel every trial in flight and fail it as lost; a later run retries them."""
+    def abandon(self, why: str, kind: str = "lost", cancel: bool = True) -> None:
+        """Cancel every trial in flight and fail it as ``kind`` (lost: a later run retries them; infra: it
+        re-runs them, uncounted). ``cancel=False`` when Ray is gone and cannot be asked."""
         import ray
 
         for ref, slot in list(self.inflight.items()):
+            if cancel:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
             with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
-            with contextlib.suppress(Exception):
-                self.fail(slot.number, slot.trial_id, "lost", why)
+                self.fail(slot.number, slot.trial_id, kind, why)
         self.inflight.clear()
 
     # -- reporting ------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ A trial is RUNNING while someone vouches for it. The driver that asked it record
 (:data:`~sweep.run.outcome.ATTR_DRIVER`) and writes the heartbeat while the task waits in Ray's queue;
 the supervisor marks the start (:data:`~sweep.run.outcome.ATTR_STARTED`) and writes the heartbeat every
 ``heartbeat_s`` from then on. A RUNNING trial nobody owns in this process is lost when its heartbeat is
-older than ``stale_after_s``, or at once when the driver that asked it ran on this host and that process
-is gone (a killed local driver takes its local Ray, its tasks and, through the reaper, its trainers with
-it). A trial of the driver's own is overdue past its hard deadline plus grace, or when its supervisor's
-heartbeat goes stale.
+older than ``stale_after_s``; one still queued in Ray also at once when the driver that asked it ran on
+this host and that process is gone. A started trial is never failed while its supervisor's heartbeat is
+fresh, whatever became of its driver (:func:`orphaned`). A trial of the driver's own is overdue past its
+hard deadline plus grace, or when its supervisor's heartbeat goes stale.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from sweep import store as st
-from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, ATTR_STARTED
+from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, ATTR_NODE, ATTR_STARTED, ATTR_SUGGESTED, INFRA
 
 log = logging.getLogger("sweep.run.liveness")
 
@@ -56,15 +56,23 @@ def process_alive(identity: dict[str, Any]) -> bool | None:
 
 # -- writing ------------------------------------------------------------------------------------------
 
-def claim_attrs(owner: dict[str, Any]) -> dict[str, Any]:
-    """The system attributes of a trial the driver ``owner`` just asked: who it is, and a first heartbeat."""
-    return {ATTR_DRIVER: owner, ATTR_HEARTBEAT: time.time()}
+def claim_attrs(owner: dict[str, Any], suggested: bool = True) -> dict[str, Any]:
+    """The system attributes of a trial the driver ``owner`` just asked: who it is, a first heartbeat, and
+    whether its parameters are complete already (:data:`ATTR_SUGGESTED`; see :func:`mark_suggested`)."""
+    now = time.time()
+    return {ATTR_DRIVER: owner, ATTR_HEARTBEAT: now, **({ATTR_SUGGESTED: now} if suggested else {})}
 
 
 def claim(storage: Any, trial_id: int, owner: dict[str, Any]) -> None:
-    """Record the asking driver on a trial and vouch for it until its supervisor starts."""
-    for k, v in claim_attrs(owner).items():
+    """Record the asking driver on a trial and vouch for it until its supervisor starts (parameters to come)."""
+    for k, v in claim_attrs(owner, suggested=False).items():
         storage.set_trial_system_attr(trial_id, k, v)
+
+
+def mark_suggested(storage: Any, trial_id: int) -> None:
+    """Every parameter of the trial is drawn: only from now on may it be re-run with them. A trial whose
+    driver died before this point never ran, and is never run with parameters drawn anew."""
+    storage.set_trial_system_attr(trial_id, ATTR_SUGGESTED, time.time())
 
 
 def beat(storage: Any, trial_id: int, at: float) -> None:
@@ -72,9 +80,12 @@ def beat(storage: Any, trial_id: int, at: float) -> None:
     storage.set_trial_system_attr(trial_id, ATTR_HEARTBEAT, at)
 
 
-def mark_started(storage: Any, trial_id: int, url: str) -> None:
-    """The supervisor has the trial: from now on its heartbeat, not the driver's, keeps it alive."""
+def mark_started(storage: Any, trial_id: int, url: str, node: str | None = None) -> None:
+    """The supervisor has the trial: from now on its heartbeat, not the driver's, keeps it alive.
+    ``node``: the Ray node it runs on, so the driver can tell the node's death from the trial's."""
     now = time.time()
+    if node:
+        st.retry(lambda: storage.set_trial_system_attr(trial_id, ATTR_NODE, node), what="mark node", url=url)
     st.retry(lambda: storage.set_trial_system_attr(trial_id, ATTR_STARTED, now), what="mark started", url=url)
 
 
@@ -117,20 +128,37 @@ def overdue(t: Any, wall: float, deadline_s: float, stop_grace_s: float, stale_a
     return None
 
 
-def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back: float = 0.0) -> str | None:
-    """Why a RUNNING trial that driver run ``run_id`` does not hold is lost at unix time ``wall``, or None.
-    As in :func:`overdue`, a heartbeat's silence counts from ``store_back`` (the store's return) at most."""
+def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back: float = 0.0
+             ) -> tuple[str, str] | None:
+    """``(fail kind, reason)`` when a RUNNING trial that driver run ``run_id`` does not hold is lost at unix
+    time ``wall``, or None while someone may still vouch for it.
+
+    A trial whose supervisor started is its supervisor's: only its heartbeat going stale loses it, whatever
+    became of the driver that asked it (a supervisor may outlive its driver long enough to store its
+    result). One still queued in Ray is its driver's: lost at once when that driver is known gone. A
+    trial the infrastructure took (its driver died before it could run, or took its task with it) is
+    kind ``infra``: re-run, never counted; one whose own supervisor went silent is ``lost``. As in
+    :func:`overdue`, a heartbeat's silence counts from ``store_back`` (the store's return) at most.
+    """
     owner = t.system_attrs.get(ATTR_DRIVER) or {}
     if owner.get("run") == run_id:
         return None  # asked by this driver but not in flight: only between ask and submit
     beat_at = t.system_attrs.get(ATTR_HEARTBEAT)
     if beat_at is None and t.datetime_start is not None:
         beat_at = t.datetime_start.timestamp()
+    stale = beat_at is not None and wall - max(beat_at, store_back) > stale_after_s
     alive = process_alive(owner) if owner else None
+    driver = f"its driver (pid {owner.get('pid')} on {owner.get('host')})"
+    if started_at(t) is not None:
+        if not stale:
+            return None
+        if alive is False:
+            return INFRA, f"lost: {driver} died and took its task with it (no heartbeat for {wall - beat_at:.0f} s)"
+        return "lost", f"lost: no heartbeat for {wall - beat_at:.0f} s (worker or driver died)"
     if alive is False:
-        return f"lost: its driver (pid {owner.get('pid')} on {owner.get('host')}) is gone"
-    if beat_at is not None and wall - max(beat_at, store_back) > stale_after_s:
-        return f"lost: no heartbeat for {wall - beat_at:.0f} s (worker or driver died)"
+        return INFRA, f"lost before it ran: {driver} is gone"
+    if stale:
+        return INFRA, f"lost before it ran: no heartbeat for {wall - beat_at:.0f} s (its driver died)"
     return None
 
 

@@ -11,8 +11,14 @@ one the supervisor could not store (:func:`tell_returned`) and the failures it f
 What counts towards ``n_trials``: every COMPLETE and PRUNED trial, and every FAIL that is final.
 A FAIL is not final when it is a constraint rejection (never ran) or a retryable failure
 (``crash``, ``lost``) of an original trial, because its retry stands in for it. So each proposed
-point is run at most twice and the driver's loop always terminates. Ad-hoc trials (``sweep trial``)
-do not count.
+point is run at most twice by its own fault. Ad-hoc trials (``sweep trial``) do not count.
+
+A trial lost to the infrastructure (:data:`INFRA`: a Ray node, raylet or the GCS went away under it,
+or the store could not be reached; the driver tells this from the trial's own failures in
+:mod:`sweep.run.health`) is not a result at all: it never counts, and it is re-run with the same
+parameters, as often as the infrastructure takes it, under a new number with ``rerun_of`` pointing
+back. A re-run stands where its trial stood (a retry's re-run is still the retry). What bounds a
+study whose trials keep being lost is the driver's circuit breaker, not the count.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from sweep.store.artifacts import ATTR_WORKDIR
 ATTR_HEARTBEAT = "sweep:heartbeat"  # unix time, refreshed while someone is responsible for the trial
 ATTR_DRIVER = "sweep:driver"  # {"host", "pid", "pid_start", "run"} of the driver that asked it
 ATTR_STARTED = "sweep:started"  # unix time the supervisor started (the task left Ray's queue)
+ATTR_SUGGESTED = "sweep:suggested"  # unix time the driver had drawn every parameter (set with its claim)
+ATTR_NODE = "sweep:node"  # the Ray node id the supervisor runs on (tells a node's death from the trial's)
 
 # -- user attributes: how the trial ended -------------------------------------------------------------
 ATTR_RECORD_FIELDS = "record_fields"  # the trainer's result record's keys; each is a user attribute too
@@ -45,6 +53,7 @@ ATTR_NOTE_ERROR = "note_error"  # why the trial's dashboard note could not be wr
 # -- user attributes: what the trial is --------------------------------------------------------------
 ATTR_SPEC_HASH = "spec_hash"  # the spec file the trial ran under
 ATTR_RETRY_OF = "retry_of"  # the number of the failed trial this one retries
+ATTR_RERUN_OF = "rerun_of"  # the number of the trial lost to the infrastructure that this one runs again
 ATTR_RANDOM_FEASIBLE = "random_feasible"  # enqueued after too many constraint rejections in a row
 ATTR_ADHOC = "adhoc"  # a `sweep trial`: takes a slot, never counts
 ATTR_ADHOC_BUDGET = "adhoc_budget_s"  # an ad-hoc trial's own budget (sweep trial --budget-s)
@@ -58,6 +67,9 @@ HEADLINE_ATTRS = ("status", ATTR_FAIL_KIND, ATTR_FAIL_REASON, "val_bpb", "core",
 
 RETRYABLE = frozenset({"crash", "lost"})  # fail kinds retried once with the same parameters
 CONSTRAINT = "constraint"  # the fail kind of a point the space's constraints rejected (never ran)
+INFRA = "infra"  # the fail kind of a trial lost to the infrastructure: never counts, re-run with its parameters
+# What a re-run carries over from the trial it runs again: what that trial stood for in the study.
+RERUN_CARRIES = (ATTR_RETRY_OF, ATTR_RANDOM_FEASIBLE)
 
 
 @dataclass
@@ -95,7 +107,7 @@ def counts(t: Any) -> bool:
         return True
     if t.state == TrialState.FAIL:
         kind = t.user_attrs.get(ATTR_FAIL_KIND)
-        if kind == CONSTRAINT:
+        if kind in (CONSTRAINT, INFRA):
             return False
         return not (kind in RETRYABLE and ATTR_RETRY_OF not in t.user_attrs)
     return False
@@ -118,6 +130,47 @@ def retries_due(trials: list[Any], only: set[int] | None = None) -> list[Any]:
 def enqueue_retry(study: Any, t: Any, url: str) -> None:
     """Enqueue the retry of the failed trial ``t``: its parameters again, pointing back at it."""
     st.retry(lambda: study.enqueue_trial(dict(t.params), user_attrs={ATTR_RETRY_OF: t.number}), url=url)
+
+
+def lost_to_infra(t: Any) -> bool:
+    """Whether ``t`` is a FAIL the infrastructure caused (never counted, re-run)."""
+    from optuna.trial import TrialState
+
+    return t.state == TrialState.FAIL and t.user_attrs.get(ATTR_FAIL_KIND) == INFRA
+
+
+def rerun_params(t: Any) -> dict[str, Any] | None:
+    """The complete parameters a trial lost to the infrastructure runs again with, or None.
+
+    An enqueued point (a retry, a warm or hand-picked one) is whole in its ``fixed_params`` from the
+    start; a sampled one only once the driver drew every parameter (:data:`ATTR_SUGGESTED`). A trial
+    whose driver died before that never ran and has no point to run again: drawing what it lacks
+    would run a point nobody proposed, so the study asks a fresh one instead.
+    """
+    fixed = t.system_attrs.get("fixed_params")
+    if fixed:
+        return dict(fixed)
+    return dict(t.params) if ATTR_SUGGESTED in t.system_attrs else None
+
+
+def needs_rerun(t: Any) -> bool:
+    """A trial lost to the infrastructure whose point is known must run again (ad-hoc ones are not)."""
+    return lost_to_infra(t) and not t.user_attrs.get(ATTR_ADHOC) and rerun_params(t) is not None
+
+
+def reruns_due(trials: list[Any], only: set[int] | None = None) -> list[Any]:
+    """The trials lost to the infrastructure (among the numbers ``only``) that nobody re-ran yet."""
+    rerun = {t.user_attrs.get(ATTR_RERUN_OF) for t in trials}
+    return [t for t in trials if (only is None or t.number in only) and needs_rerun(t) and t.number not in rerun]
+
+
+def enqueue_rerun(study: Any, t: Any, url: str) -> None:
+    """Enqueue the trial lost to the infrastructure ``t`` again: the same point, standing where it stood."""
+    params = rerun_params(t)
+    if params is None:
+        raise ValueError(f"trial {t.number} has no complete parameters to run again")
+    attrs = {k: t.user_attrs[k] for k in RERUN_CARRIES if k in t.user_attrs}
+    st.retry(lambda: study.enqueue_trial(params, user_attrs={**attrs, ATTR_RERUN_OF: t.number}), url=url)
 
 
 # -- writing ------------------------------------------------------------------------------------------
@@ -179,6 +232,12 @@ def fail_attrs(kind: str, reason: str) -> dict[str, Any]:
 def fail_trial(study: Any, trial_id: int, number: int, kind: str, reason: str, url: str) -> bool:
     """Tell FAIL with kind and reason unless the trial already finished; True if this call did."""
     return write_outcome(study, trial_id, number, "FAIL", None, fail_attrs(kind, reason), url)
+
+
+def fail_infra(study: Any, trial_id: int, number: int, reason: str, url: str) -> bool:
+    """Record that the infrastructure lost the trial (kind :data:`INFRA`); True if this call finished it.
+    The caller enqueues its re-run (:func:`reruns_due`, :func:`enqueue_rerun`)."""
+    return fail_trial(study, trial_id, number, INFRA, reason, url)
 
 
 def tell_returned(study: Any, trial_id: int, result: dict[str, Any], url: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweep.run.outcome import ATTR_ADHOC, ATTR_FAIL_KIND, ATTR_RETRY_OF, CONSTRAINT, counts
+from sweep.run.outcome import ATTR_ADHOC, ATTR_FAIL_KIND, ATTR_RERUN_OF, ATTR_RETRY_OF, CONSTRAINT, INFRA, counts
 from sweep.spec import StudySpec
 from sweep.spec import objective as obj
 from sweep.study import (
@@ -63,6 +63,8 @@ def opening_line(name: str, trials: list[Any]) -> str | None:
 
 def started_line(number: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> str:
     note = f" (retry of trial {user_attrs[ATTR_RETRY_OF]})" if ATTR_RETRY_OF in user_attrs else ""
+    note += (f" (re-run of trial {user_attrs[ATTR_RERUN_OF]}, lost to the infrastructure)"
+             if ATTR_RERUN_OF in user_attrs else "")
     note += " (ad hoc)" if user_attrs.get(ATTR_ADHOC) else ""
     return f"trial {number} started{note}: {fmt_params(params)}"
 
@@ -84,7 +86,9 @@ def outcome_line(number: int, r: dict[str, Any], objective: obj.Objective) -> st
 
 def progress_line(trials: list[Any], spec: StudySpec, running: int, elapsed_s: float) -> str:
     done = sum(counts(t) for t in trials)
-    failed = sum(1 for t in trials if t.state.name == "FAIL" and t.user_attrs.get(ATTR_FAIL_KIND) != CONSTRAINT)
+    kinds = [t.user_attrs.get(ATTR_FAIL_KIND) for t in trials if t.state.name == "FAIL"]
+    failed = sum(1 for k in kinds if k not in (CONSTRAINT, INFRA))
+    infra = sum(1 for k in kinds if k == INFRA)
     objective = spec.objective
     if objective.multi:
         best_s = f"pareto front {len(obj.front(trials, objective.directions))} trial(s)"
@@ -92,7 +96,8 @@ def progress_line(trials: list[Any], spec: StudySpec, running: int, elapsed_s: f
         best = best_trial(trials, spec.direction)
         best_s = f"best {best.value:.4f} (trial {best.number})" if best else "best -"
     return (f"progress: done {done}/{spec.n_trials}, running {running}, "
-            f"pruned {state_counts(trials).get('PRUNED', 0)}, failed {failed}, {best_s}, "
+            f"pruned {state_counts(trials).get('PRUNED', 0)}, failed {failed}, "
+            f"{f'lost to the infrastructure {infra} (not counted), ' if infra else ''}{best_s}, "
             f"elapsed {fmt_elapsed(elapsed_s)}")
 
 

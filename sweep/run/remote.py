@@ -81,8 +81,18 @@ def open_trial(task: TrialTask) -> tuple[Any, Any]:
                                                sampler=optuna.samplers.RandomSampler(), pruner=pruner),
                      what="load study", url=task.storage_url)
     trial = st.retry(lambda: optuna.trial.Trial(study, task.trial_id), what="load trial", url=task.storage_url)
-    liveness.mark_started(st.study_storage(study), task.trial_id, task.storage_url)
+    liveness.mark_started(st.study_storage(study), task.trial_id, task.storage_url, ray_node_id())
     return study, trial
+
+
+def ray_node_id() -> str | None:
+    """The id of the Ray node this task runs on; None outside a Ray worker."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:
+        return None
 
 
 class OptunaReporter(Reporter):

@@ -24,11 +24,14 @@ class ExprError(ValueError):
 
 
 def gpt_params(depth: Any, model_dim: Any, vocab_size: Any, mlp_ratio: Any = GPTConfig.mlp_ratio,
-               head_dim: Any = 0, n_kv_head: Any = GPTConfig.n_kv_head, value_embeds: Any = GPTConfig.value_embeds,
-               residual_scalars: Any = GPTConfig.residual_scalars) -> Any:
+               head_dim: Any = 0, n_kv_head: Any = GPTConfig.n_kv_head, value_embeds: Any = False,
+               residual_scalars: Any = False, ve_gate_channels: Any = GPTConfig.ve_gate_channels, smear: Any = False,
+               backout: Any = False) -> Any:
     """The exact parameter count of the trainer's GPT of this shape (model.counts), without torch.
 
-    Positional only in expressions; omitted arguments take the trainer's defaults (model.config.GPTConfig).
+    Positional only in expressions; omitted shape arguments take the trainer's defaults (model.config.GPTConfig),
+    the recipe's extras are off unless given (value_embeds, residual_scalars, smear, backout: the plain GPT's
+    count; the trainer's defaults turn the first two on, docs/recipe.md), the gate width at its default.
     head_dim 0 (the default) stands for any head size that divides model_dim: with a K/V head per query
     head (n_kv_head 0) and no value embeddings the count does not depend on it; n_kv_head > 0 and
     value_embeds need it. With mlp_ratio 4 and the defaults this is 12·depth·d² + 2·vocab·d (59.6M for the
@@ -45,6 +48,7 @@ def gpt_params(depth: Any, model_dim: Any, vocab_size: Any, mlp_ratio: Any = GPT
         head_dim = model_dim if model_dim > 0 else GPTConfig.head_dim
     cfg = GPTConfig(vocab_size=vocab_size, depth=depth, model_dim=model_dim, head_dim=head_dim, n_kv_head=n_kv_head,
                     mlp_ratio=mlp_ratio, value_embeds=bool(value_embeds), residual_scalars=bool(residual_scalars),
+                    ve_gate_channels=ve_gate_channels, smear=bool(smear), backout=bool(backout),
                     check=False)
     return counts.num_params(cfg)
 

@@ -82,6 +82,11 @@ class StudySpec:
     compile_cache: str = ""  # Neuron compile cache: "" the node's directory, else a shared path or s3:// (sweep.neuron)
     objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna (sweep.spec.objective)
     chips: int = 0  # Trainium2 chips per trial (trial.chips); 0: resources as written
+    max_concurrency: int | None = None  # "auto": the most trials at once, and what the autoscaler is asked for
+    # The driver against failing infrastructure (sweep.run.health): stop after this many trials in a row ended
+    # the same way (0: never), and how long to wait on a cluster for nodes that can hold a trial again.
+    max_failures_in_a_row: int = 5
+    infra_wait_s: float = 600.0
 
     @property
     def directions(self) -> list[str]:
@@ -125,8 +130,8 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints",
                               "objective"})
     study = r.table(root.get("study", {}), "study",
-                    {"name", "direction", "n_trials", "concurrency", "seed", "storage", "artifacts", "storage_proxy",
-                     "cost_cap_usd"})
+                    {"name", "direction", "n_trials", "concurrency", "max_concurrency", "seed", "storage", "artifacts",
+                     "storage_proxy", "cost_cap_usd", "max_failures_in_a_row", "infra_wait_s"})
     trial = r.table(root.get("trial", {}), "trial",
                     {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
                      "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache", "chips"})
@@ -140,10 +145,15 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     if conc != "auto" and (not isinstance(conc, int) or isinstance(conc, bool) or conc < 1):
         raise r.error("study.concurrency", f'must be a positive integer or "auto", got {conc!r}')
     concurrency = None if conc == "auto" else conc
+    max_concurrency = r.integer(study, "study.max_concurrency", low=1, default=None)
+    if max_concurrency is not None and concurrency is not None:
+        raise r.error("study.max_concurrency", 'goes with concurrency = "auto" (an integer concurrency is the maximum)')
     seed = r.integer(study, "study.seed", default=None)
     storage = r.string(study, "study.storage", default=None)
     artifacts = r.string(study, "study.artifacts", default=None)
     cost_cap_usd = r.number(study, "study.cost_cap_usd", low=0, default=None)
+    max_failures_in_a_row = r.integer(study, "study.max_failures_in_a_row", low=0, default=5)
+    infra_wait_s = r.number(study, "study.infra_wait_s", low=0, default=600.0)
     storage_proxy = study.get("storage_proxy", False)
     if not isinstance(storage_proxy, bool):
         raise r.error("study.storage_proxy", f"must be true or false, got {storage_proxy!r}")
@@ -198,6 +208,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         stop_grace_s=stop_grace_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s, env=env,
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
         compile_cache=compile_cache, cost_cap_usd=cost_cap_usd, objective=objective, chips=chips,
+        max_concurrency=max_concurrency, max_failures_in_a_row=max_failures_in_a_row, infra_wait_s=infra_wait_s,
     )
     return spec
 

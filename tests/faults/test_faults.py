@@ -2,10 +2,11 @@
 
 Every fault ends with the same checks (:func:`settle`): every trial finished before the fault is still
 there with its state and value, no trial number was run twice (one trainer start per number) and
-none is left RUNNING or WAITING, every retryable failure has its retry, the study holds the
-requested number of counted trials, no trainer process of the sweep is left, and every Ray CPU is
-free again. Each test adds a row (fault, outcome, trials lost, time to recover) to the table the
-session prints at its end (and writes to ``$FAULTS_REPORT`` when set).
+none is left RUNNING or WAITING, every retryable failure has its retry and every trial the
+infrastructure lost (``infra``) its re-run, the study holds the requested number of counted trials,
+no trainer process of the sweep is left, and every Ray CPU is free again. Each test adds a row (fault,
+outcome, trials lost, trials re-run, time to recover) to the table the session prints at its end (and
+writes to ``$FAULTS_REPORT`` when set).
 
 The default run is short (2 trials of 3 s per sweep); ``FAULTS_FULL=1`` runs longer budgets and
 more trials. ``make faults`` runs only this module (``-m faults``).
@@ -24,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +38,7 @@ import pytest
 
 from sweep import store as st
 from sweep.run.driver import Driver
-from sweep.run.outcome import counts, needs_retry
+from sweep.run.outcome import counts, needs_rerun, needs_retry
 from sweep.spec import load
 from tests import pg_cluster
 from tests.pg_cluster import PgCluster
@@ -70,10 +72,10 @@ ROWS: list[dict[str, Any]] = []
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    head = ("fault", "outcome", "trials lost", "time to recover")
-    body = [(r["fault"], r["outcome"], str(r["lost"]),
+    head = ("fault", "outcome", "trials lost", "re-run", "time to recover")
+    body = [(r["fault"], r["outcome"], str(r["lost"]), "-" if r.get("rerun") is None else str(r["rerun"]),
              "-" if r.get("recover_s") is None else f"{r['recover_s']:.1f} s") for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(4)]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*b) for b in body)]
 
@@ -99,8 +101,9 @@ def fault_table(request: pytest.FixtureRequest) -> Iterator[None]:
         Path(report).write_text("\n".join(table_lines(ROWS)) + "\n")
 
 
-def record(fault: str, outcome: str, lost: int, recover_s: float | None) -> None:
-    ROWS.append({"fault": fault, "outcome": outcome, "lost": lost, "recover_s": recover_s})
+def record(fault: str, outcome: str, lost: int, recover_s: float | None, rerun: int | None = None) -> None:
+    """One row; ``rerun``: how many trials the infrastructure lost and the sweep ran again (uncounted)."""
+    ROWS.append({"fault": fault, "outcome": outcome, "lost": lost, "recover_s": recover_s, "rerun": rerun})
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -220,6 +223,8 @@ def outcome_text(trials: list[Any]) -> str:
         s = f"{t.number} {t.state.name}" + (f" ({kind})" if kind else "")
         if "retry_of" in t.user_attrs:
             s += f" retry of {t.user_attrs['retry_of']}"
+        if "rerun_of" in t.user_attrs:
+            s += f" re-run of {t.user_attrs['rerun_of']}"
         parts.append(s)
     return "; ".join(parts)
 
@@ -270,6 +275,8 @@ def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], overshoot: in
     unfinished = [t.number for t in trials if t.state.name in ("RUNNING", "WAITING")]
     retried = {t.user_attrs.get("retry_of") for t in trials}
     unretried = [t.number for t in trials if needs_retry(t) and t.number not in retried]
+    rerun = {t.user_attrs.get("rerun_of") for t in trials}  # a trial the infrastructure lost runs again
+    unretried += [t.number for t in trials if needs_rerun(t) and t.number not in rerun]
     twice = [t.number for t in trials if starts(sw, t.number) > 1]
     no_value = [t.number for t in trials if t.state.name == "COMPLETE" and not isinstance(t.value, float)]
     lost = len(set(changed) | set(unfinished) | set(unretried) | set(twice) | set(no_value))
@@ -560,6 +567,52 @@ def test_two_drivers_on_one_study(ray_cluster, make_sweep, tmp_path):
            res["lost"], None)
 
 
+@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 (make faults); make test runs the short form, "
+                                     "tests/sweep/run/test_autoscale.py")
+def test_worker_node_removed_from_an_autoscaling_cluster(make_sweep, tmp_path):
+    """Ray's fake autoscaling cluster, from zero workers; the node under a training trial is taken away."""
+    from sweep.run import liveness
+    from sweep.run.outcome import ATTR_RERUN_OF, lost_to_infra
+    from tests.autoscaling_cluster import autoscaling_cluster
+
+    workers = 3
+    sw = make_sweep("f_node_removed", n_trials=workers + 1, concurrency="auto")
+    node = {"cpu1": {"resources": {"CPU": 1, "object_store_memory": 80 * 1024**2}, "max_workers": workers}}
+    with autoscaling_cluster(node, max_workers=workers) as cluster:
+        env = {**sweep_env(sw.url, sw.art), **cluster.env}
+        with open(tmp_path / "driver.log", "wb") as log:
+            driver = subprocess.Popen(sweep_cmd("run", str(sw.spec)), env=env, cwd=ROOT, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            def training() -> list[int]:
+                return [n for n in range(workers) if stepping(sw, n) and trainer_pids(sw, n)]
+
+            victim = wait_for(training, 240, interval=0.3, what="a trial training on a worker node")[0]
+            before = snapshot(sw)
+            (pid,) = trainer_pids(sw, victim)
+            t_kill = time.time()
+            cluster.remove_node_of(pid)
+            rc = driver.wait(timeout=400)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+                driver.wait()
+        sw.log = (tmp_path / "driver.log").read_text(errors="replace")
+        assert rc == 0, sw.log
+        request = cluster.standing_request()
+    res = settle(sw, before)
+    detail = outcome_text(res["trials"]) + "\n" + sw.log[-3000:]
+    lost = [t.number for t in res["trials"] if lost_to_infra(t)]
+    reruns = [t for t in res["trials"] if ATTR_RERUN_OF in t.user_attrs]
+    assert lost == [victim] and [t.user_attrs[ATTR_RERUN_OF] for t in reruns] == [victim], detail
+    assert reruns[0].state.name == "COMPLETE" and reruns[0].params == res["by_number"][victim].params, detail
+    assert "autoscaler: asked for" in sw.log and "(nodes joined" in sw.log, sw.log
+    assert request == [], f"the autoscaler request was left standing: {request}"
+    record("worker node removed (autoscaling cluster)",
+           outcome_text(res["trials"]) + "; the re-run not counted", res["lost"],
+           liveness.started_at(reruns[0]) - t_kill, rerun=len(reruns))  # to the re-run's supervisor up on a node
+
+
 # -- the store itself: what the faults above lean on ----------------------------------------------
 
 
@@ -667,3 +720,145 @@ def test_grpc_proxy_serves_workers_and_its_outage_is_transient(pg_url, monkeypat
     finally:  # the client's channel, which would keep gRPC's threads running to the interpreter's exit
         worker.close()
         st.forget_shared()
+
+
+# -- the infrastructure around the trials: Ray and the driver ------------------------------------------
+
+
+def start_local_driver(sw: Sweep, log: Path) -> subprocess.Popen[bytes]:
+    """A driver in its own process that starts its own local Ray (no RAY_ADDRESS), as `make sweep` does."""
+    return subprocess.Popen(sweep_cmd("run", str(sw.spec)), env=sweep_env(sw.url, sw.art), cwd=ROOT,  # noqa: SIM115
+                            stdout=open(log, "wb"), stderr=open(log.with_suffix(".err"), "wb"), start_new_session=True)
+
+
+def _kill_local_ray_part(make_sweep: Callable[..., Sweep], tmp_path: Path, name: str, part: str) -> dict[str, Any]:
+    """Kill one process (``raylet`` or ``gcs_server``) of the local Ray a driver started, while a trial trains;
+    the driver must stop in one line and exit 3; the same command again must finish the study."""
+    from sweep.run.health import child_processes, end_leftovers, process_tree, still_running
+
+    sw = make_sweep(name)
+    first = start_local_driver(sw, tmp_path / "first.log")
+    started: dict[int, int | None] = {}
+    try:
+        wait_for(lambda: any(stepping(sw, t.number) for t in trials_of(sw) if t.state.name == "RUNNING"), 180,
+                 interval=0.3, what="a trial training")
+        before = snapshot(sw)
+        started = process_tree([first.pid])  # the driver and all it started: its local Ray
+        pid = child_processes(first.pid, {part})[part]  # a process of the Ray this test's driver started
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)
+        rc = first.wait(timeout=120)
+        stopped_s = time.time() - t_kill
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    log1 = (tmp_path / "first.log").read_text()
+    last = log1.strip().splitlines()[-1]
+    assert rc == 3, log1
+    assert last.startswith("sweep stopped: the local Ray's ") and f"pid {pid}) is gone" in last, log1
+    assert last.endswith(f"-m sweep run {sw.spec}"), last
+    assert "Traceback" not in log1, log1
+    try:
+        wait_for(lambda: not trainer_pids(sw), 60, what="the stopped driver's trainers to be gone")
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not still_running(started), 30, what="the stopped driver's processes to be gone")
+        left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:40] for p in still_running(started)}
+        assert not left, f"processes of the stopped driver's Ray left behind: {left}"
+    finally:
+        end_leftovers(started, 0)
+    mid = trials_of(sw)
+    lost = [t for t in mid if t.user_attrs.get("fail_kind") == "infra"]
+    assert not [t for t in mid if t.state.name == "RUNNING"], outcome_text(mid)
+    # Nothing counted that did not run: every counted trial is one whose trainer returned its result.
+    assert all(t.state.name == "COMPLETE" for t in mid if counts(t)), outcome_text(mid)
+    assert not any(counts(t) for t in lost)
+
+    t_resume = time.time()
+    second = start_local_driver(sw, tmp_path / "second.log")
+    try:
+        rc2 = second.wait(timeout=300)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    sw.log = log1 + (tmp_path / "second.log").read_text()
+    assert rc2 == 0, sw.log
+    res = settle(sw, before)  # exactly n_trials counted, each lost trial re-run with its parameters
+    assert res["done"] == sw.n_trials
+    reruns = [t for t in res["trials"] if "rerun_of" in t.user_attrs]
+    assert {t.user_attrs["rerun_of"] for t in reruns} == {t.number for t in lost if t.params}
+    back = [stamp(t.datetime_start) for t in res["trials"] if (stamp(t.datetime_start) or 0) > t_resume]
+    return {"res": res, "lost": lost, "reruns": reruns, "stopped_s": stopped_s,
+            "recover_s": min(back) - t_kill if back else None}
+
+
+def test_raylet_killed_mid_sweep_local(make_sweep, tmp_path):
+    got = _kill_local_ray_part(make_sweep, tmp_path, "f_raylet_kill", "raylet")
+    res = got["res"]
+    record("raylet killed mid-sweep (local)", outcome_text(res["trials"]) + f"; driver stopped "
+           f"{got['stopped_s']:.1f} s after the kill (exit 3), resumed by the same command", res["lost"],
+           got["recover_s"], len(got["reruns"]))
+
+
+@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 only: the raylet row covers its stop and resume in short")
+def test_gcs_killed_mid_sweep_local(make_sweep, tmp_path):
+    # Ray ends a driver whose GCS has been away 60 s; the driver must have stopped cleanly well before.
+    got = _kill_local_ray_part(make_sweep, tmp_path, "f_gcs_kill", "gcs_server")
+    res = got["res"]
+    assert got["stopped_s"] < 30, got
+    record("GCS killed (local)", outcome_text(res["trials"]) + f"; driver stopped {got['stopped_s']:.1f} s after "
+           "the kill (exit 3), resumed by the same command", res["lost"], got["recover_s"], len(got["reruns"]))
+
+
+# The driver, SIGKILLed by itself right after drawing the first parameter of trial KILL_AT: between `ask` and
+# the last suggestion, the moment a real kill lands in once in a while.
+KILL_MID_SUGGEST = """
+import os, signal, sys
+from sweep.spec import space
+
+draw = space.Param.suggest
+
+def suggest(self, trial):
+    value = draw(self, trial)
+    if trial.number == int(os.environ["KILL_AT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return value
+
+space.Param.suggest = suggest
+from sweep.cli import main
+sys.exit(main(["run", sys.argv[1]]))
+"""
+
+
+def test_driver_killed_between_ask_and_suggest(ray_cluster, make_sweep, tmp_path):
+    sw = make_sweep("f_mid_suggest")
+    enqueue(sw, HEALTHY)  # trial 0: a whole point from the start; trial 1 is sampled, killed mid-draw
+    env = sweep_env(sw.url, sw.art, RAY_ADDRESS=ray_cluster, KILL_AT="1")
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.run([sys.executable, "-c", KILL_MID_SUGGEST, str(sw.spec)], env=env, cwd=ROOT,
+                               stdout=log, stderr=subprocess.STDOUT, timeout=180)
+    t_kill = time.time()
+    assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()
+    mid = {t.number: t for t in trials_of(sw)}
+    assert mid[1].state.name == "RUNNING" and len(mid[1].params) == 1, outcome_text(list(mid.values()))
+    second = start_driver(sw, ray_cluster, tmp_path / "second.log")
+    try:
+        assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    sw.log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
+    res = settle(sw, {})
+    by = res["by_number"]
+    half = by[1]  # never ran: failed without counting, and never run with what it lacked drawn anew
+    assert half.state.name == "FAIL" and half.user_attrs["fail_kind"] == "infra" and not counts(half), sw.log
+    assert not [t for t in res["trials"] if t.user_attrs.get("rerun_of") == 1 or t.user_attrs.get("retry_of") == 1]
+    reruns = [t for t in res["trials"] if "rerun_of" in t.user_attrs]
+    for t in reruns:  # the whole point of what the kill took (trial 0, if its task was under way)
+        assert t.params == by[t.user_attrs["rerun_of"]].params == HEALTHY, outcome_text(res["trials"])
+    assert res["done"] == sw.n_trials and all(t.state.name == "COMPLETE" for t in res["trials"] if counts(t))
+    back = [stamp(t.datetime_start) for t in res["trials"] if t.number not in mid]
+    record("driver killed between ask and suggest", outcome_text(res["trials"]), res["lost"],
+           min(back) - t_kill if back else None, len(reruns))

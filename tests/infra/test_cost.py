@@ -62,6 +62,12 @@ def test_48xlarge_price_per_chip_and_head_with_parallel(tmp_path):
     assert est.total_usd == pytest.approx(est.trials_usd + est.head_usd)
 
 
+def test_auto_concurrency_prices_the_head_at_its_max(tmp_path):
+    spec = cost.load_spec(str(spec_file(tmp_path, n_trials=10, extra="max_concurrency = 5")))
+    est = cost.estimate(spec)
+    assert est.head_hours == pytest.approx(2 * 3900 / 3600)  # 10 trials, at most 5 at a time: two rounds
+
+
 def test_cap_from_cli_refuses_in_one_line(tmp_path):
     est = cost.estimate(cost.load_spec(str(spec_file(tmp_path))), cap_usd=10.0)
     assert est.over_cap

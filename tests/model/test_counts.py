@@ -47,6 +47,14 @@ def grid() -> list[GPTConfig]:
                              mlp_ratio=MLP_RATIOS[i % 3], seq_len=(32, 1024, 2048)[i % 3]))
     out.append(GPTConfig(vocab_size=300, depth=3, model_dim=0, aspect_ratio=24, head_dim=16, n_kv_head=1,
                          value_embeds=True, residual_scalars=True))  # width 72 rounded up to 80
+    # The other recipe options: gate widths (0: ungated), smear (a gate narrower than 24 at width 16), backout,
+    # attention windows (FLOPs per layer's window).
+    out += [GPTConfig(vocab_size=300, depth=depth, model_dim=dim, head_dim=16, n_kv_head=kv, ve_gate_channels=ch,
+                      smear=sm, backout=bo, window_pattern=wp, short_window=sw, seq_len=64)
+            for depth, dim, kv, ch, sm, bo, wp, sw in [(1, 16, 0, 0, True, True, "S", 0), (4, 64, 2, 12, True, False,
+                                                       "SSSL", 0), (5, 32, 0, 32, False, True, "SL", 20),
+                                                      (2, 64, 1, 64, True, True, "ls", 100),
+                                                      (3, 16, 0, 32, False, False, "L", 0)]]  # gate as wide as d
     return out
 
 
@@ -59,9 +67,12 @@ def reference_flops(model: GPT) -> float:
     """The trainer's FLOPs/token as GPT computed it from its own parameters before model.counts existed."""
     cfg = model.config
     lookup = model.wte.weight.numel() + sum(ve.weight.numel() for ve in model.value_embeds.values())
-    scalars = sum(p.numel() for p in model.param_groups()["scalar"])
+    groups = model.param_groups()
+    scalars = sum(p.numel() for role in ("scalar", "resid", "x0") for p in groups[role])
     matmul = sum(p.numel() for p in model.parameters()) - lookup - scalars
-    return 6.0 * matmul + 12 * cfg.depth * cfg.n_head * cfg.head_dim * cfg.seq_len
+    windows = [w or cfg.seq_len for w in model.windows]  # 0: a full layer
+    assert len(windows) == cfg.depth and windows[-1] == cfg.seq_len
+    return 6.0 * matmul + sum(12 * cfg.n_head * cfg.head_dim * w for w in windows)
 
 
 @pytest.mark.parametrize("cfg", grid(), ids=lambda c: (f"d{c.depth}w{c.model_dim}h{c.head_dim}kv{c.n_kv_head}"
@@ -73,6 +84,8 @@ def test_counts_equal_the_built_model(cfg: GPTConfig) -> None:
     assert model.num_params() == counts.num_params(cfg) and model.flops_per_token() == counts.flops_per_token(cfg)
     args = (cfg.depth, cfg.model_dim, cfg.vocab_size, cfg.mlp_ratio, cfg.head_dim, cfg.n_kv_head, cfg.value_embeds,
             cfg.residual_scalars)
+    if cfg.smear or cfg.backout or cfg.ve_gate_channels != GPTConfig.ve_gate_channels:
+        return  # gpt_params counts those at the trainer's defaults
     assert gpt_params(*args) == counts.num_params(cfg)
     if cfg.n_kv_head == cfg.n_head and not cfg.value_embeds:  # then head_dim may be left out (0)
         assert gpt_params(*args[:4], 0, 0, False, cfg.residual_scalars) == counts.num_params(cfg)
@@ -101,7 +114,8 @@ def test_gpt_params_positional_forms() -> None:
     base = 12 * 10 * 640**2 + 2 * 8192 * 640  # the competition baseline's 59.6M (COMPETITION.md)
     assert gpt_params(10, 640, 8192) == base == gpt_params(10.0, 640, 8192, 4) == gpt_params(10, 640, 8192, 4, 128)
     assert gpt_params(10, 640, 8192, 4, 64) == base  # every head size gives the same count without GQA
-    gqa = GPTConfig(vocab_size=8192, depth=10, model_dim=640, head_dim=128, n_kv_head=1)
+    gqa = GPTConfig(vocab_size=8192, depth=10, model_dim=640, head_dim=128, n_kv_head=1, value_embeds=False,
+                    residual_scalars=False)
     assert gpt_params(10, 640, 8192, 4, 128, 1) == counts.num_params(gqa) < base
     assert gpt_params(10, 640, 8192, 4, 128, 0, False, True) == base + 2 * 10
     for misuse in [(10, 640, 8192, 4, 0, 2), (10, 640, 8192, 4, 0, 0, True)]:  # GQA, value embeds: head_dim needed

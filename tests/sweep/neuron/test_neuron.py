@@ -274,14 +274,17 @@ def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
     assert neuron.graph_key({**base, "neuron_cc_flags": " --optlevel=1 "}) == key
     assert neuron.graph_key({k: v for k, v in base.items() if k != "ranks"}, default_ranks=4) == key
     for k, v in {"matrix_lr": 0.05, "weight_decay": 0.1, "warmdown_ratio": 0.3, "grad_accum": 4, "seed": 3,
-                 "rope_base": 5e5, "eval_tokens": 1, "budget_s": 9, "head_init_std": 0.01}.items():
+                 "rope_base": 5e5, "eval_tokens": 1, "budget_s": 9, "head_init_std": 0.01, "x0_init": 0.2,
+                 "embed_init_std": 0.8, "fc_init_scale": 0.4, "muon_beta2": 0.9}.items():
         assert neuron.graph_key({**base, k: v}) == key, k
     # Each compiled-graph setting changes it.
     changes = {"vocab_size": 4096, "depth": 5, "model_dim": 384, "head_dim": 128, "n_kv_head": 2, "mlp_ratio": 3.0,
                "seq_len": 512, "batch_size": 16, "ranks": 1, "lnc": 1, "neuron_cc_flags": "--optlevel=2",
-               "kernels": "nki", "compile": False, "device": "cpu", "qk_norm": False, "value_embeds": True,
-               "residual_scalars": True, "cautious_wd": False, "softcap": 0.0, "adam_beta1": 0.9,
-               "adam_beta2": 0.99, "tokenizer": "/data/tok.json"}
+               "kernels": "nki", "compile": False, "device": "cpu", "qk_norm": False, "value_embeds": False,
+               "residual_scalars": False, "cautious_wd": False, "softcap": 0.0, "adam_beta1": 0.9,
+               "adam_beta2": 0.99, "tokenizer": "/data/tok.json", "qk_scale": 1.2, "ve_gate_channels": 12,
+               "ve_gate_scale": 3.0, "window_pattern": "SSSL", "short_window": 64, "smear": True, "backout": True,
+               "normuon": False, "x0_beta1": 0.9}
     keys = {k: neuron.graph_key({**base, k: v}) for k, v in changes.items()}
     assert key not in keys.values() and len(set(keys.values())) == len(keys)
     assert set(changes) == set(neuron.GRAPH_INPUTS) - {"aspect_ratio"}
@@ -302,9 +305,15 @@ PINNED_GRAPH_KEYS = [
 ]
 
 
+# The recipe's defaults (docs/recipe.md) compile other graphs than those keys were stored for; written with the
+# settings of the trainer they were stored by, the same configs keep their keys.
+LEGACY_TRAINER = {"value_embeds": False, "residual_scalars": False, "normuon": False, "ve_gate_channels": 0}
+
+
 @pytest.mark.parametrize("config,ranks,env,key", PINNED_GRAPH_KEYS)
 def test_graph_keys_of_stored_studies_stay_the_same(config, ranks, env, key):
-    assert neuron.graph_key(config, ranks, env) == key
+    assert neuron.graph_key({**LEGACY_TRAINER, **config}, ranks, env) == key
+    assert neuron.graph_key(config, ranks, env) != key  # today's defaults: other graphs, another key
 
 
 def test_warm_trials_go_first():

@@ -16,7 +16,7 @@ from sweep import store as st
 from sweep.run import driver as drv
 from sweep.run.driver import Driver
 from sweep.run.liveness import host_identity
-from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, counts, needs_retry
+from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, ATTR_STARTED, ATTR_SUGGESTED, counts, needs_retry
 from sweep.spec import load
 from tests.sweep_fixtures import tiny_spec, write_spec
 
@@ -50,10 +50,12 @@ def driver(tmp_path, monkeypatch):
     return make
 
 
-def _running(study, owner: dict, heartbeat: float, depth: int) -> int:
+def _running(study, owner: dict, heartbeat: float, depth: int, started: bool = False, suggested: bool = True) -> int:
+    attrs = {ATTR_DRIVER: owner, ATTR_HEARTBEAT: heartbeat}
+    attrs |= {ATTR_STARTED: heartbeat - 1} if started else {}
+    attrs |= {ATTR_SUGGESTED: heartbeat - 2} if suggested else {}
     frozen = create_trial(state=TrialState.RUNNING, params={"depth": depth},
-                          distributions={"depth": IntDistribution(1, 2)},
-                          system_attrs={ATTR_DRIVER: owner, ATTR_HEARTBEAT: heartbeat})
+                          distributions={"depth": IntDistribution(1, 2)}, system_attrs=attrs)
     return study._storage.create_new_trial(study._study_id, template_trial=frozen)
 
 
@@ -64,17 +66,24 @@ def test_reconcile_fails_lost_trials_once_and_leaves_live_ones(driver):
     here_dead = {**host_identity(), "pid": dead.pid, "run": "old"}
     elsewhere = {"host": socket.gethostname() + "-other", "pid": 1, "pid_start": 1, "run": "other"}
     now = time.time()
-    _running(d.study, here_dead, now, 1)  # its driver is gone: lost at once
-    _running(d.study, elsewhere, now - 3600, 2)  # nobody has vouched for it in an hour: lost
-    _running(d.study, elsewhere, now, 1)  # another driver's live trial: untouched
+    _running(d.study, here_dead, now, 1)  # 0: queued, its driver is gone: lost to the infrastructure at once
+    _running(d.study, elsewhere, now - 3600, 2)  # 1: queued, nobody has vouched for it in an hour: infra too
+    _running(d.study, elsewhere, now, 1)  # 2: another driver's live trial: untouched
+    _running(d.study, here_dead, now, 2, started=True)  # 3: its supervisor still beats: untouched, driver or not
+    _running(d.study, here_dead, now, 1, suggested=False)  # 4: driver died mid-suggest: failed, never re-run
+    _running(d.study, elsewhere, now - 3600, 2, started=True)  # 5: its supervisor went silent: lost, retried
     d.reconcile()
     d.reconcile()
     trials = d.study.get_trials()
-    assert [t.state.name for t in trials[:3]] == ["FAIL", "FAIL", "RUNNING"]
+    assert [t.state.name for t in trials[:6]] == ["FAIL", "FAIL", "RUNNING", "RUNNING", "FAIL", "FAIL"]
+    assert [trials[n].user_attrs["fail_kind"] for n in (0, 1, 4, 5)] == ["infra", "infra", "infra", "lost"]
     assert "driver" in trials[0].user_attrs["fail_reason"] and "heartbeat" in trials[1].user_attrs["fail_reason"]
-    retries = [t for t in trials if "retry_of" in t.user_attrs]
-    assert sorted(t.user_attrs["retry_of"] for t in retries) == [0, 1]
-    assert all(t.state.name == "WAITING" for t in retries)
+    assert not any(counts(t) for t in trials)
+    reruns = {t.user_attrs["rerun_of"]: t for t in trials if "rerun_of" in t.user_attrs}
+    retries = {t.user_attrs["retry_of"]: t for t in trials if "retry_of" in t.user_attrs}
+    assert sorted(reruns) == [0, 1] and sorted(retries) == [5]
+    for n, t in [*reruns.items(), *retries.items()]:
+        assert t.state.name == "WAITING" and t.system_attrs["fixed_params"] == trials[n].params
 
 
 def test_constraint_rejections_fail_without_counting_and_cannot_stall(driver, monkeypatch):
@@ -157,6 +166,6 @@ def test_a_heartbeat_missed_while_the_store_was_away_is_judged_from_its_return()
     assert liveness.overdue(owned, now, 600, 5, 8, store_back=now - 3) is None  # back 3 s ago: not yet stale
     assert "heartbeat lost" in liveness.overdue(owned, now, 600, 5, 8, store_back=now - 9)  # back 9 s, still silent
     foreign = _t(TrialState.RUNNING)
-    foreign.system_attrs = {ATTR_DRIVER: {"run": "other"}, ATTR_HEARTBEAT: now - 70}
-    assert "no heartbeat for 70 s" in liveness.orphaned(foreign, now, 8, "mine")
+    foreign.system_attrs = {ATTR_DRIVER: {"run": "other"}, ATTR_STARTED: now - 100, ATTR_HEARTBEAT: now - 70}
+    assert liveness.orphaned(foreign, now, 8, "mine") == ("lost", "lost: no heartbeat for 70 s (worker or driver died)")
     assert liveness.orphaned(foreign, now, 8, "mine", store_back=now - 3) is None

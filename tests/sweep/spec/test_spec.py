@@ -53,10 +53,16 @@ def test_the_parameter_cap_counts_what_the_trainer_builds(name):
         heads = env["model_dim"] // env["head_dim"]
         if env["model_dim"] % env["head_dim"] or (env["_gqa"] and heads % env["n_kv_head"]):
             continue  # a shape the constraints refuse
+        recipe = {k: env[k] for k in ("value_embeds", "residual_scalars", "smear", "backout", "ve_gate_channels")
+                  if k in env}  # searched or fixed; else the trainer's defaults
         cfg = GPTConfig(vocab_size=env["vocab_size"], depth=env["depth"], model_dim=env["model_dim"],
                         head_dim=env["head_dim"], n_kv_head=env["n_kv_head"] if env["_gqa"] else 0,
-                        mlp_ratio=env["mlp_ratio"])
+                        mlp_ratio=env["mlp_ratio"], **recipe)
         assert env["_params"] == num_params(cfg), env
+        plain = GPTConfig(vocab_size=env["vocab_size"], depth=env["depth"], model_dim=env["model_dim"],
+                          head_dim=env["head_dim"], n_kv_head=env["n_kv_head"] if env["_gqa"] else 0,
+                          mlp_ratio=env["mlp_ratio"], value_embeds=False, residual_scalars=False)
+        assert env["_compute_params"] == num_params(plain), env  # what the caps weigh
         seen_gqa += bool(env["_gqa"])
     assert seen_gqa > 10
 
@@ -71,8 +77,9 @@ def test_phase1_takes_a_gqa_shape_the_old_estimate_refused():
     old = 12 * 16 * 1024**2 + 2 * 8192 * 1024
     saved = 16 * 2 * 1024 * (1024 - 128)
     assert old > 200e6 and old - saved <= 200e6
-    assert old - saved <= env["_params"] < old - saved + 16 * 4 * 1024  # + the norms' and scalars' few weights
-    assert env["_params"] <= 200e6
+    plain = env["_compute_params"]  # the cap weighs the shape without value embeddings (lookups, no FLOPs)
+    assert old - saved <= plain < old - saved + 16 * 4 * 1024  # + the norms' and scalars' few weights
+    assert plain <= 200e6
 
 
 def test_phase2_is_whole_servers_scored_half_val_bpb_half_core():

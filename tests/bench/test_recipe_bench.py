@@ -1,0 +1,67 @@
+"""The recipe bench's machinery on a tiny shape and a budget of a second: both sides run on the same data, the
+JSON has every figure, and `python -m bench` knows it. (Its figures are the bench's to measure, not a test's.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import torch
+
+from bench import __main__ as bench_main
+from bench.recipe_bench import compare, run_reference
+from bench.recipe_reference import RefConfig, RefGPT, RefOptimizer
+from tests.conftest import ROOT
+from tests.conftest import TINY as TRAINER_TINY
+
+TINY = {"vocab_size": TRAINER_TINY["vocab_size"], "depth": 2, "model_dim": 64, "head_dim": 32, "seq_len": 32,
+        "batch_size": 4}
+
+
+def test_the_reference_follows_the_recipe_and_fits_a_batch():
+    cfg = RefConfig(vocab_size=300, depth=4, dim=64, head_dim=32, seq_len=32)
+    assert cfg.windows() == [16, 16, 16, 32]  # SSSL: half the sequence, the last layer full
+    torch.manual_seed(0)
+    model = RefGPT(cfg)
+    assert sorted(model.ve) == ["1", "3"] and model.blocks[1].gate.weight.shape == (2, 32)
+    assert torch.allclose(model.x0.data, torch.full((4,), 0.1))
+    opt = RefOptimizer(model)
+    x = torch.randint(0, 300, (4, 32))
+    y = torch.roll(x, -1, dims=1)
+    losses = []
+    for step in range(12):
+        opt.schedule(step / 12, step)
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        model.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert model(x, y, reduction="none").shape == (4 * 32,)
+
+
+def test_a_reference_run_scores_the_final_rows(data_cache):
+    rec = run_reference(0.5, TINY, data_cache, eval_tokens=2048)
+    assert rec["side"] == "reference" and rec["charged_steps"] >= 1 and rec["steps"] == rec["charged_steps"] + 3
+    assert rec["tokens_per_second"] > 0 and 0 < rec["val_bpb"] < 20
+
+
+def test_compare_alternates_pairs_and_reports_medians_and_ratios(data_cache):
+    row = compare(pairs=2, budgets=[0.5], shape=TINY, cache_dir=data_cache, eval_tokens=2048)
+    runs = row["runs"]
+    assert [(r["pair"], r["side"]) for r in runs] == [(0, "ours"), (0, "reference"), (1, "reference"), (1, "ours")]
+    assert row["bench"] == "recipe_vs_reference" and row["threads"] == 2 and row["shape"]["depth"] == 2
+    for key in ("ours_tokens_per_second", "reference_tokens_per_second", "tokens_per_second_ratio",
+                "ours_val_bpb_0.5s", "reference_val_bpb_0.5s", "val_bpb_delta_0.5s"):
+        assert math.isfinite(row[key]) and (row[key] > 0 or key.startswith("val_bpb_delta")), key
+    assert row["val_bpb_delta_0.5s"] == row["ours_val_bpb_0.5s"] - row["reference_val_bpb_0.5s"]
+    json.dumps(row)
+
+
+def test_it_is_a_registered_suite_and_its_cli_refuses_bad_json():
+    assert "recipe_bench" in bench_main.SUITES
+    proc = subprocess.run([sys.executable, "-m", "bench.recipe_bench", "--ours", "{bad"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error:") and proc.stderr.count("\n") == 1
