@@ -86,10 +86,12 @@ class FakeCluster:
         """The autoscaler request stored in the cluster now (v1's key in the GCS), read by a client of its own."""
         code = ("import json, ray\nfrom ray.experimental import internal_kv\nray.init(log_to_driver=False, "
                 "logging_level='ERROR')\nraw = internal_kv._internal_kv_get('autoscaler_resource_request')\n"
-                "print(json.dumps(None if raw is None else json.loads(raw)))")
+                "print('REQUEST=' + json.dumps(None if raw is None else json.loads(raw)))")
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)},
                              capture_output=True, text=True, timeout=60, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        # Ray may print its own warnings (a lagging raylet, say) on the same stdout, before or after.
+        line = next(x for x in reversed(out.stdout.splitlines()) if x.startswith("REQUEST="))
+        return json.loads(line.removeprefix("REQUEST="))
 
     def remove_node_of(self, pid: int) -> int:
         """Take away the worker node ``pid`` runs on, as when its instance vanishes: SIGKILL its raylet and
