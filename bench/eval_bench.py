@@ -1,14 +1,15 @@
 """Evaluation throughput on the CPU: the final val_bpb evaluation before and after it was made cheap.
 
-At the shape the issue measured (depth 4, width 256, two heads of 128, sequence 256, batch 8, vocabulary
-8192) on the demo validation set: `before` scores as the trainer did (no_grad, the training batch, the
-plain softcapped cross-entropy over the whole logits), `after` as it does now (inference mode, the scoring
-cross-entropy a chunk at a time, batches widened to eval_batch_rows); `inference_only` is `after` at the
-training batch, to tell the two gains apart; `*_bf16` are those under bfloat16 autocast, as the pruning
-evaluations run on a CPU with native bfloat16 (model.evaluate.pruning_autocast; the final val_bpb keeps
-float32). Rounds alternate the variants; figures are medians, with the 1-minute load average before and
-after (a busy machine slows every variant, the multi-threaded ones most). Each variant's val_bpb is
-reported with its difference from `before` (the scorer's figure).
+At the shape the issue measured (depth 4, width 256, two heads of 128, sequence 256, batch 8, vocabulary 8192)
+on the demo validation set: `before` scores as the trainer did (no_grad, the training batch, the plain
+softcapped cross-entropy over the whole logits), `after` as it does now (inference mode, the scoring cross-
+entropy a chunk at a time, batches of eval_batch_rows: the training batch on the CPU, where wider measured
+slower); `inference_only` is `after` at the training batch, to tell the two gains apart; `*_bf16` are those
+under bfloat16 autocast, as the pruning evaluations run on a CPU with native bfloat16
+(model.evaluate.pruning_autocast; the final val_bpb keeps float32). Rounds alternate the variants; figures are
+medians, with the 1-minute load average before and after (a busy machine slows every variant, the multi-
+threaded ones most). Each variant's val_bpb is reported with its difference from `before` (the scorer's
+figure).
 """
 
 from __future__ import annotations
