@@ -23,8 +23,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.sweep.neuron.test_neuron import FAKE_LS, NEURON_LS
+
+PACKAGES_DIR = "py"  # where install() writes the stand-in torch_neuronx and nki
 
 TORCH_NEURONX = '''\
 """torch-neuronx stand-in (tests/neuron_standins.py): tests/neuron_standin's core rule, plus torch.neuron."""
@@ -138,7 +141,7 @@ def install(root: Path, monkeypatch, versions: dict[str, str] | None = None) -> 
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     monkeypatch.syspath_prepend(str(meta))
-    pkg = root / "py"
+    pkg = root / PACKAGES_DIR
     (pkg / "torch_neuronx").mkdir(parents=True)
     core_rule = Path(__file__).resolve().parent / "neuron_standin" / "torch_neuronx" / "__init__.py"
     (pkg / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX.format(core_rule=str(core_rule)))
@@ -158,3 +161,9 @@ def install(root: Path, monkeypatch, versions: dict[str, str] | None = None) -> 
     monkeypatch.setenv("FAKE_NEURON_ELSEWHERE", str(root / "elsewhere"))
     monkeypatch.delenv("FAKE_NEURON", raising=False)
     return root
+
+
+def drop_packages(monkeypatch: Any) -> None:
+    """Take the stand-in torch_neuronx and nki off the children's PYTHONPATH, as on a node without them."""
+    paths = os.environ["PYTHONPATH"].split(os.pathsep)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if Path(p).name != PACKAGES_DIR))

@@ -16,7 +16,7 @@ import pytest
 from sweep import cli
 from sweep.run import preflight as pf
 from sweep.spec import load
-from tests.neuron_standins import install
+from tests.neuron_standins import drop_packages, install
 from tests.sweep_fixtures import write_spec
 
 # A study shaped like phase1 (fixed lnc, ranks, one chip's cores), on the CPU with a model that trains in a blink.
@@ -163,8 +163,7 @@ def test_device_unavailable_or_short_of_cores(node, monkeypatch, mode, message):
 
 
 def test_device_without_torch_neuronx(node, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in os.environ["PYTHONPATH"].split(os.pathsep)
-                                                     if not p.endswith("py")))
+    drop_packages(monkeypatch)
     c = failed(pf.check_device, plan(node))
     assert "torch.neuron is missing" in c.detail and "[neuron]" in c.fix
 
@@ -202,8 +201,7 @@ def test_kernels_wrong_results_and_no_nki(node, monkeypatch):
     assert c.detail.startswith("rms_norm at width 128: error 0.") and "kernels = \"torch\"" in c.fix
     monkeypatch.setenv("FAKE_NEURON", "")
     monkeypatch.delenv("NKI_SIMULATOR")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in os.environ["PYTHONPATH"].split(os.pathsep)
-                                                     if not p.endswith("py")))
+    drop_packages(monkeypatch)
     c = failed(pf.check_kernels, plan(node))
     assert "kernels='nki' is unavailable" in c.detail and "nki" in c.fix
 
