@@ -271,7 +271,9 @@ class Driver:
                 launch = self.check_ray(probe=False)
             if self.breaker.tripped and not self.inflight and want > 0:
                 raise SweepStopped(self._breaker_cause(), infra=False)
-            if not self.inflight and want <= 0:
+            # A trial its dead driver left RUNNING ends here: stored by its supervisor, or lost and re-run.
+            orphans = not self.own_only and any(liveness.orphan_of_dead_driver(t, self.run_id) for t in trials)
+            if not self.inflight and want <= 0 and not orphans:
                 return False
             self.wait_some()
         except Exception as e:

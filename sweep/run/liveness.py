@@ -162,6 +162,14 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back:
     return None
 
 
+def orphan_of_dead_driver(t: Any, run_id: str) -> bool:
+    """Whether a RUNNING trial's driver, not run ``run_id``, is known gone: nobody else will see it end, so
+    the driver of ``run_id`` waits for it (its supervisor may still store a result, else it goes stale and
+    :func:`orphaned` loses it) before calling the study done."""
+    owner = t.system_attrs.get(ATTR_DRIVER) or {}
+    return t.state.name == "RUNNING" and bool(owner) and owner.get("run") != run_id and process_alive(owner) is False
+
+
 def vouched(t: Any, now: float, stale_after_s: float) -> bool:
     """Whether someone wrote the trial's heartbeat within ``stale_after_s`` of unix time ``now``."""
     return now - t.system_attrs.get(ATTR_HEARTBEAT, 0) < stale_after_s

@@ -169,3 +169,26 @@ def test_a_heartbeat_missed_while_the_store_was_away_is_judged_from_its_return()
     foreign.system_attrs = {ATTR_DRIVER: {"run": "other"}, ATTR_STARTED: now - 100, ATTR_HEARTBEAT: now - 70}
     assert liveness.orphaned(foreign, now, 8, "mine") == ("lost", "lost: no heartbeat for 70 s (worker or driver died)")
     assert liveness.orphaned(foreign, now, 8, "mine", store_back=now - 3) is None
+
+
+def test_a_trial_left_running_by_a_dead_driver_is_waited_for_by_the_next():
+    """A resumed driver must not call the study done while a dead driver's trial is RUNNING: its
+    supervisor may still store it, or it goes stale and is lost and re-run by this driver."""
+    from sweep.run import liveness
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = {**host_identity(), "run": "old", "pid": dead.pid, "pid_start": None}
+    alive = {**host_identity(), "run": "other"}
+    elsewhere = {"host": "not-" + socket.gethostname(), "pid": 1, "run": "far"}
+
+    def running(owner):
+        t = _t(TrialState.RUNNING)
+        t.system_attrs = {ATTR_DRIVER: owner}
+        return t
+
+    assert liveness.orphan_of_dead_driver(running(gone), "mine")
+    assert not liveness.orphan_of_dead_driver(running(alive), "mine")  # a live driver sees its own to the end
+    assert not liveness.orphan_of_dead_driver(running(elsewhere), "mine")  # cannot tell: only staleness judges
+    assert not liveness.orphan_of_dead_driver(running({**gone, "run": "mine"}), "mine")
+    assert not liveness.orphan_of_dead_driver(_t(TrialState.COMPLETE), "mine")
