@@ -49,8 +49,9 @@ class GPTConfig:
     residual_scalars: bool = True
     x0_init: float = 0.1  # x0_lambdas' initial value (resid_lambdas start at 1)
     # Attention windows, a pattern of S (short: short_window tokens, 0: seq_len // 2) and L (full) tiled over
-    # the layers, the last always L. On CPU and Neuron a window is a mask on full attention: no FLOPs saved.
-    window_pattern: str = "L"
+    # the layers, the last always L. On CPU and Neuron a window is a mask on full attention: no FLOPs saved,
+    # yet SSSL (autoresearch's default) beat L per second on the recipe bench (docs/recipe.md).
+    window_pattern: str = "SSSL"
     short_window: int = 0
     smear: bool = False  # nanochat: a gated share of the previous token's embedding added to each token's
     backout: bool = False  # nanochat: a learned share of the mid-depth residual subtracted before the head

@@ -20,7 +20,7 @@ def tiny(**overrides) -> GPTConfig:
 def test_the_defaults_carry_the_recipe():
     cfg, opt = GPTConfig(), OptimConfig()
     assert cfg.value_embeds and cfg.residual_scalars and cfg.ve_gate_channels == 32 and cfg.ve_gate_scale == 2.0
-    assert cfg.x0_init == 0.1 and cfg.softcap == 15.0 and cfg.window_pattern == "L"
+    assert cfg.x0_init == 0.1 and cfg.softcap == 15.0 and cfg.window_pattern == "SSSL"
     assert opt.normuon and opt.muon_beta2 == 0.95 and opt.x0_beta1 == 0.96
 
 
@@ -77,7 +77,7 @@ def test_windows_tile_the_pattern_and_keep_the_last_layer_full():
 
 def test_a_window_changes_what_attention_sees_and_a_window_of_the_whole_sequence_does_not():
     torch.manual_seed(0)
-    base = GPT(tiny(depth=2))
+    base = GPT(tiny(depth=2, window_pattern="L"))
     with torch.no_grad():  # output projections start at zero: give attention something to say
         for b in base.blocks:
             b.attn.c_proj.weight.normal_(std=0.1)

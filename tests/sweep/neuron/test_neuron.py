@@ -283,7 +283,7 @@ def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
                "kernels": "nki", "compile": False, "device": "cpu", "qk_norm": False, "value_embeds": False,
                "residual_scalars": False, "cautious_wd": False, "softcap": 0.0, "adam_beta1": 0.9,
                "adam_beta2": 0.99, "tokenizer": "/data/tok.json", "qk_scale": 1.2, "ve_gate_channels": 12,
-               "ve_gate_scale": 3.0, "window_pattern": "SSSL", "short_window": 64, "smear": True, "backout": True,
+               "ve_gate_scale": 3.0, "window_pattern": "L", "short_window": 64, "smear": True, "backout": True,
                "normuon": False, "x0_beta1": 0.9}
     keys = {k: neuron.graph_key({**base, k: v}) for k, v in changes.items()}
     assert key not in keys.values() and len(set(keys.values())) == len(keys)
@@ -307,7 +307,8 @@ PINNED_GRAPH_KEYS = [
 
 # The recipe's defaults (docs/recipe.md) compile other graphs than those keys were stored for; written with the
 # settings of the trainer they were stored by, the same configs keep their keys.
-LEGACY_TRAINER = {"value_embeds": False, "residual_scalars": False, "normuon": False, "ve_gate_channels": 0}
+LEGACY_TRAINER = {"value_embeds": False, "residual_scalars": False, "normuon": False, "ve_gate_channels": 0,
+                  "window_pattern": "L"}
 
 
 @pytest.mark.parametrize("config,ranks,env,key", PINNED_GRAPH_KEYS)
