@@ -21,11 +21,10 @@ by 10%), ``silent-monitor`` (neuron-monitor prints nothing).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.sweep.neuron.test_neuron import FAKE_LS, NEURON_LS
+from tests.sweep.neuron.test_neuron import write_tools
 
 PACKAGES_DIR = "py"  # where install() writes the stand-in torch_neuronx and nki
 
@@ -147,12 +146,7 @@ def install(root: Path, monkeypatch, versions: dict[str, str] | None = None) -> 
     (pkg / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX.format(core_rule=str(core_rule)))
     (pkg / "nki").mkdir()
     (pkg / "nki" / "__init__.py").write_text(NKI)
-    bin_dir = root / "bin"
-    bin_dir.mkdir()
-    for name, text in (("neuron-ls", FAKE_LS.format(python=sys.executable, devices=repr(NEURON_LS))),
-                       ("neuron-monitor", MONITOR.format(python=sys.executable))):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    bin_dir = write_tools(root / "bin", MONITOR)
     repo = Path(__file__).resolve().parents[1]
     path = [str(pkg), str(meta), str(repo), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))

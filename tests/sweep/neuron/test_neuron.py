@@ -89,15 +89,21 @@ while True:
 """
 
 
+def write_tools(bin_dir: Path, monitor: str) -> Path:
+    """Executable stand-ins in a new ``bin_dir``: neuron-ls listing NEURON_LS, and the neuron-monitor
+    script ``monitor`` (a template filled with this interpreter's path)."""
+    bin_dir.mkdir()
+    for name, text in (("neuron-ls", FAKE_LS.format(python=sys.executable, devices=repr(NEURON_LS))),
+                       ("neuron-monitor", monitor.format(python=sys.executable))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
 @pytest.fixture
 def tools(tmp_path, monkeypatch) -> Path:
     """Stand-in neuron-ls and neuron-monitor first on PATH."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("neuron-ls", FAKE_LS.format(python=sys.executable, devices=repr(NEURON_LS))),
-                       ("neuron-monitor", FAKE_MONITOR.format(python=sys.executable))):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    bin_dir = write_tools(tmp_path / "bin", FAKE_MONITOR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return bin_dir
 
