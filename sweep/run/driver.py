@@ -272,8 +272,8 @@ class Driver:
             if self.breaker.tripped and not self.inflight and want > 0:
                 raise SweepStopped(self._breaker_cause(), infra=False)
             # A trial its dead driver left RUNNING ends here: stored by its supervisor, or lost and re-run.
-            orphans = not self.own_only and any(liveness.orphan_of_dead_driver(t, self.run_id) for t in trials)
-            if not self.inflight and want <= 0 and not orphans:
+            if not self.inflight and want <= 0 and (self.own_only or not any(
+                    liveness.orphan_of_dead_driver(t, self.run_id) for t in trials)):
                 return False
             self.wait_some()
         except Exception as e:
