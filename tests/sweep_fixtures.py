@@ -169,9 +169,15 @@ def run_sweep(*args: str, env: Mapping[str, str], timeout: float = 300) -> subpr
                           timeout=timeout)
 
 
-def load_trials(storage: str, study: str) -> list[Any]:
+def load_trials(storage: str, study: str, missing_ok: bool = False) -> list[Any]:
+    """The study's trials; with ``missing_ok`` none while the driver has yet to create it (for polling)."""
     import optuna
 
     from sweep import store as st
 
-    return optuna.load_study(study_name=study, storage=st.open_storage(storage)).get_trials(deepcopy=False)
+    try:
+        return optuna.load_study(study_name=study, storage=st.open_storage(storage)).get_trials(deepcopy=False)
+    except KeyError:
+        if missing_ok:
+            return []
+        raise

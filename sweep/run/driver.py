@@ -258,7 +258,7 @@ class Driver:
             raise KeyboardInterrupt(self._stop)
         try:
             launch = self.check_ray()
-            trials = self.scan()
+            trials = self._settled(self.scan())
             done = sum(counts(t) for t in trials)
             # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
             running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
@@ -622,6 +622,31 @@ class Driver:
             trials = st.retry(lambda: self.study.get_trials(deepcopy=False), what="read trials", url=self.url)
         return trials
 
+    def _settled(self, trials: list[Any]) -> list[Any]:
+        """``trials`` with this run's RUNNING trials that are not in flight read again from the store itself.
+
+        Such a trial is either one this run just finished, seen through a cache a moment old (the proxy
+        serves one read to every caller within its ttl), or one whose launch a store outage cut between
+        ``ask`` and submit. Counted as running, the first would end the study one trial short, with that
+        trial shown RUNNING; the second is lost to the infrastructure (re-run only if its parameters were
+        complete, :func:`sweep.run.liveness.mark_suggested`)."""
+        flying = {s.trial_id for s in self.inflight.values()}
+        stray = [t for t in trials if t.state.name == "RUNNING" and st.trial_id(t) not in flying
+                 and liveness.asked_by(t, self.run_id)]
+        if not stray:
+            return trials
+        storage = st.study_storage(self.study)
+
+        def read(trial_id: int) -> Any:
+            return st.retry(lambda: storage.get_trial(trial_id), what="read trial", url=self.url)
+
+        fresh = {st.trial_id(t): read(st.trial_id(t)) for t in stray}
+        for trial_id, t in fresh.items():
+            if t.state.name == "RUNNING":
+                self.lost_to_infra(t.number, trial_id, "its launch was cut off before it was submitted")
+                fresh[trial_id] = read(trial_id)
+        return [fresh.get(st.trial_id(t), t) for t in trials]
+
     def _check_own(self, t: Any, ref: Any, slot: InFlight, wall: float) -> bool:
         import ray
 
@@ -673,11 +698,11 @@ class Driver:
         if not force and now - self._last_progress < PROGRESS_EVERY_S:
             return
         self._last_progress = now
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self._settled(self.study.get_trials(deepcopy=False))
         self.say(printing.progress_line(trials, self.spec, len(self.inflight), now - self.t0))
 
     def print_best(self) -> None:
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self._settled(self.study.get_trials(deepcopy=False))
         for line in printing.summary_lines(trials, self.spec, self.url, next_steps=self.next_steps):
             self.say(line)
 

@@ -140,9 +140,9 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back:
     kind ``infra``: re-run, never counted; one whose own supervisor went silent is ``lost``. As in
     :func:`overdue`, a heartbeat's silence counts from ``store_back`` (the store's return) at most.
     """
-    owner = t.system_attrs.get(ATTR_DRIVER) or {}
-    if owner.get("run") == run_id:
+    if asked_by(t, run_id):
         return None  # asked by this driver but not in flight: only between ask and submit
+    owner = t.system_attrs.get(ATTR_DRIVER) or {}
     beat_at = t.system_attrs.get(ATTR_HEARTBEAT)
     if beat_at is None and t.datetime_start is not None:
         beat_at = t.datetime_start.timestamp()
@@ -160,6 +160,11 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back:
     if stale:
         return INFRA, f"lost before it ran: no heartbeat for {wall - beat_at:.0f} s (its driver died)"
     return None
+
+
+def asked_by(t: Any, run_id: str) -> bool:
+    """Whether driver run ``run_id`` asked the trial."""
+    return (t.system_attrs.get(ATTR_DRIVER) or {}).get("run") == run_id
 
 
 def orphan_of_dead_driver(t: Any, run_id: str) -> bool:

@@ -192,3 +192,26 @@ def test_a_trial_left_running_by_a_dead_driver_is_waited_for_by_the_next():
     assert not liveness.orphan_of_dead_driver(running(elsewhere), "mine")  # cannot tell: only staleness judges
     assert not liveness.orphan_of_dead_driver(running({**gone, "run": "mine"}), "mine")
     assert not liveness.orphan_of_dead_driver(_t(TrialState.COMPLETE), "mine")
+
+
+def test_a_stale_view_of_its_own_finished_trial_never_ends_the_study_short(driver):
+    """The proxy serves a read up to its ttl old: a trial this run just finished may still look RUNNING.
+    Counted as running, the driver would stop one trial short; it is read again from the store instead.
+    One of its own that is RUNNING in the store but not in flight lost its launch: re-run, not counted."""
+    d = driver()
+    now = time.time()
+    mine = {**host_identity(), "run": d.run_id}
+    finished = _running(d.study, mine, now, 1)
+    stale = d.study.get_trials()[0]
+    d.study.tell(0, 1.5)
+    assert stale.state.name == "RUNNING"
+    [seen] = d._settled([stale])
+    assert seen.state.name == "COMPLETE" and st.trial_id(seen) == finished
+    _running(d.study, mine, now, 2)  # 1: asked, suggested, never submitted (a store outage cut its launch)
+    _running(d.study, {**mine, "run": "other"}, now, 1)  # 2: another live driver's: left to it
+    settled = d._settled(d.study.get_trials())
+    assert [t.state.name for t in settled] == ["COMPLETE", "FAIL", "RUNNING"]
+    assert settled[1].user_attrs["fail_kind"] == "infra" and not counts(settled[1])
+    [rerun] = [t for t in d.study.get_trials() if t.user_attrs.get("rerun_of") == 1]
+    assert rerun.state.name == "WAITING" and rerun.system_attrs["fixed_params"] == {"depth": 2}
+    assert "lost to the infrastructure (not counted): its launch was cut off" in d.out.getvalue()

@@ -184,10 +184,7 @@ def test_killed_driver_resumes_without_losing_or_repeating_trials(tmp_path, pg_u
     env = sweep_env(pg_url, art)
 
     def states():
-        try:
-            return [(t.number, t.state.name) for t in load_trials(pg_url, "resume")]
-        except KeyError:
-            return []
+        return [(t.number, t.state.name) for t in load_trials(pg_url, "resume", missing_ok=True)]
 
     first = _start_driver(spec, env, tmp_path / "first.log")
     try:

@@ -261,7 +261,8 @@ def test_the_driver_waits_out_a_store_outage_longer_than_its_retries(tmp_path, m
 
             def cut() -> None:  # once trial 0 runs: the store away for 35 s (a call's retries last about 20)
                 nonlocal proxy
-                wait_for(lambda: [t for t in load_trials(pg, "outage") if t.state.name == "RUNNING"], 120,
+                wait_for(lambda: [t for t in load_trials(pg, "outage", missing_ok=True)
+                                   if t.state.name == "RUNNING"], 120,
                          what="a trial running")
                 proxy.kill()
                 proxy.wait()
