@@ -171,8 +171,8 @@ def orphan_of_dead_driver(t: Any, run_id: str) -> bool:
     """Whether a RUNNING trial's driver, not run ``run_id``, is known gone: nobody else will see it end, so
     the driver of ``run_id`` waits for it (its supervisor may still store a result, else it goes stale and
     :func:`orphaned` loses it) before calling the study done."""
-    owner = t.system_attrs.get(ATTR_DRIVER) or {}
-    return t.state.name == "RUNNING" and bool(owner) and owner.get("run") != run_id and process_alive(owner) is False
+    owner = t.system_attrs.get(ATTR_DRIVER)
+    return t.state.name == "RUNNING" and bool(owner) and not asked_by(t, run_id) and process_alive(owner) is False
 
 
 def vouched(t: Any, now: float, stale_after_s: float) -> bool:
