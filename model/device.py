@@ -81,14 +81,15 @@ def pick_kind(requested: str = "auto") -> str:
 
 
 def device_index(kind: str, local_rank: int) -> int | None:
-    """The device index this process trains on.
+    """The device index this process trains on: the local rank, on CUDA and on Neuron alike.
 
-    CUDA: one process per GPU, all GPUs visible, so the local rank. Neuron: every process sees only its
-    own NeuronCore (TorchNeuron narrows NEURON_RT_VISIBLE_CORES to the local rank where it is unset, and
-    the sweep hands each rank its own core), and the runtime numbers visible cores from 0; the Neuron
-    torch.distributed guide puts every rank on plain ``torch.device("neuron")``. So index 0.
+    CUDA: one process per GPU, all GPUs visible. Neuron: each process sees only its own NeuronCore, yet once
+    the ``neuron`` process group exists TorchNeuron numbers the PyTorch device by the local rank (it sets the
+    local device start index to LOCAL_RANK, and an allocation on a lower index raises "Attempted to access
+    device that doesn't attach to this process"; docs/neuron.md, "Runtime, ranks and devices"). Alone, the
+    local rank is 0, TorchNeuron's default device.
     """
-    return {"cuda": local_rank, "neuron": 0}.get(kind)
+    return local_rank if kind in ("cuda", "neuron") else None
 
 
 BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}

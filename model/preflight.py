@@ -14,8 +14,11 @@ The sweep imports no torch, so it runs these in child processes and judges what 
   reads the NEFF cache directory before and after each run (the second must add nothing: a cache hit).
 - ``kernels``: each fused op through ``kernels.ops.get_ops("nki")`` on bf16 tensors on the device, forward and
   input gradients, against the PyTorch op in float32 on the CPU from the same bf16 inputs; the error is
-  max |nki - reference| / max |reference| and must be at most ``--tol``. A width the kernel's buffer plan
-  refuses (its one-line ValueError, after which the trainer uses the PyTorch op) is recorded as refused.
+  max |nki - reference| / max |reference| and must be at most ``--tol``. Each op runs twice: eager, and under
+  ``torch.compile`` as trials run it (``backend="neuron"`` on Neuron, where ``torch_neuronx.nki_op`` hands the
+  op to the compiler; ``aot_eager`` elsewhere, which traces the op with FakeTensors the same way). A width the
+  kernel's buffer plan refuses (its one-line ValueError, after which the trainer uses the PyTorch op) is recorded
+  as refused.
 
 A probe that cannot even start still prints its line (``"error"``) and exits 0; the sweep names the failure.
 """
@@ -88,13 +91,27 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.detach().float().cpu() - want).abs().max()) / scale
 
 
-def _compare(name: str, run: Callable[[Any], torch.Tensor], inputs: list[torch.Tensor], device: torch.device,
-             nki: Any, ref: Any) -> dict[str, Any]:
-    """Forward and input gradients of ``run(ops, *inputs)``: nki on the device in bf16, reference on the CPU in fp32."""
+MODES = ("eager", "compiled")
+
+
+def _compile_backend(device: torch.device) -> str:
+    return "neuron" if device.type == "neuron" else "aot_eager"
+
+
+def _compare(name: str, run: Callable[..., torch.Tensor], inputs: list[torch.Tensor], device: torch.device,
+             nki: Any, ref: Any, mode: str = "eager") -> dict[str, Any]:
+    """Forward and input gradients of ``run(ops, *inputs)``: nki on the device in bf16 (eager, or compiled as a
+    trial compiles it), reference on the CPU in fp32."""
     gen = torch.Generator().manual_seed(1)
     dev_in = [t.detach().clone().to(device).requires_grad_(t.is_floating_point()) for t in inputs]
     cpu_in = [t.detach().float().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
-    y = run(nki, *dev_in)
+
+    def on_device(*xs: torch.Tensor) -> torch.Tensor:
+        return run(nki, *xs)
+
+    call = torch.compile(on_device, backend=_compile_backend(device), fullgraph=True) if mode == "compiled" \
+        else on_device
+    y = call(*dev_in)
     want = run(ref, *cpu_in)
     grad = torch.randn(want.shape, generator=gen)
     y.backward(grad.to(device=device, dtype=y.dtype))
@@ -104,7 +121,7 @@ def _compare(name: str, run: Callable[[Any], torch.Tensor], inputs: list[torch.T
     for i, (d, c) in enumerate(zip(dev_in, cpu_in, strict=True)):
         if d.is_floating_point():
             errs[f"grad{i}"] = _rel_err(d.grad, c.grad)
-    return {"kernel": name, "err": max(errs.values()), "errs": {k: round(v, 6) for k, v in errs.items()}}
+    return {"kernel": name, "mode": mode, "err": max(errs.values()), "errs": {k: round(v, 6) for k, v in errs.items()}}
 
 
 def probe_kernels(requested: str, widths: list[int], mlp_ratio: float, vocab: int, softcap: float,
@@ -112,8 +129,8 @@ def probe_kernels(requested: str, widths: list[int], mlp_ratio: float, vocab: in
     """Every fused op at every width: nki on the device in bf16 against the PyTorch op in fp32."""
     from kernels.ops import get_ops
 
+    nki, ref = get_ops("nki"), get_ops("torch")  # first: without nki there is nothing to check on the device
     device = _device(requested)
-    nki, ref = get_ops("nki"), get_ops("torch")
     gen = torch.Generator().manual_seed(0)
     results: list[dict[str, Any]] = []
 
@@ -131,15 +148,16 @@ def probe_kernels(requested: str, widths: list[int], mlp_ratio: float, vocab: in
     cases.append(("softcap_cross_entropy", vocab,
                   lambda ops, lg, t: ops.softcap_cross_entropy(lg, t, softcap, "mean"),
                   [bf16(KERNEL_ROWS, vocab, scale=3.0), targets]))
-    for name, width, run, inputs in cases:
+    for (name, width, run, inputs), mode in ((case, mode) for case in cases for mode in MODES):
         t0 = time.perf_counter()
         try:
-            row = _compare(name, run, inputs, device, nki, ref)
+            row = _compare(name, run, inputs, device, nki, ref, mode)
             row["ok"] = row["err"] <= tol
         except ValueError as e:  # the kernel's own refusal (its buffer plan); the trainer uses the PyTorch op
-            row = {"kernel": name, "ok": True, "refused": str(e).splitlines()[0][:300]}
+            row = {"kernel": name, "mode": mode, "ok": True, "refused": str(e).splitlines()[0][:300]}
         except Exception as e:
-            row = {"kernel": name, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            row = {"kernel": name, "mode": mode, "ok": False,
+                   "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
         row.update(width=width, seconds=round(time.perf_counter() - t0, 3))
         results.append(row)
     return {"device": str(device), "dtype": "bfloat16", "tol": tol, "rows": KERNEL_ROWS, "results": results}

@@ -477,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         result, code = _failed(cfg, rt, f"out of memory: {_first_line(e) or 'MemoryError'}"), 1
     except Exception as e:  # the sweep needs a result line and a reason, whatever broke
         result, code = _failed(cfg, rt, f"{type(e).__name__}: {_first_line(e)}"), 1
-        events.log(repr(e))
+        # Every rank says why it stopped: a rank other than 0 prints no record, and its error is often the cause.
+        print(f"rank {rt.rank}: {e!r}", file=sys.stderr, flush=True)
     finally:
         devices.teardown()
     if rt.is_master:

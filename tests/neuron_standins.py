@@ -2,12 +2,9 @@
 
 :func:`install` writes them under a directory and puts them first on ``PYTHONPATH`` and ``PATH``:
 
-- ``torch_neuronx``: applies ``tests/neuron_standin``'s rule (in a distributed run one NeuronCore per
-  process, the local rank's where ``NEURON_RT_VISIBLE_CORES`` is unset, as TorchNeuron does), then
-  registers ``torch.neuron`` (``is_available``, ``device_count`` at the process's
-  ``NEURON_LOGICAL_NC_CONFIG``, ``current_device``, ``synchronize``) and the ``"neuron"`` backend of
-  ``torch.compile``, which keeps one ``.neff`` per graph under ``TORCH_NEURONX_NEFF_CACHE_DIR`` and finds it
-  again on the next run. Tensors stay on the CPU.
+- ``torch_neuronx``: ``tests/neuron_standin/torch_neuronx``, TorchNeuron's device, process-group and NEFF-cache
+  rules as its source has them, each citing its line (the ``neuron`` device on the CPU, the ``neuron`` process
+  group, ``torch.compile(backend="neuron")`` and its persistent cache). Tensors stay on the CPU.
 - ``nki``: ``kernels._fake_nki`` under the real package's name (kernels run through ``nki.simulate``, so
   ``NKI_SIMULATOR=1`` is set).
 - ``neuron-ls`` and ``neuron-monitor`` executables printing their documented JSON.
@@ -26,63 +23,8 @@ from typing import Any
 
 from tests.sweep.neuron.test_neuron import write_tools
 
+STANDIN = Path(__file__).resolve().parent / "neuron_standin"
 PACKAGES_DIR = "py"  # where install() writes the stand-in torch_neuronx and nki
-
-TORCH_NEURONX = '''\
-"""torch-neuronx stand-in (tests/neuron_standins.py): tests/neuron_standin's core rule, plus torch.neuron."""
-import hashlib
-import importlib.util
-import os
-import sys
-import types
-
-import torch
-
-MODES = set(filter(None, os.environ.get("FAKE_NEURON", "").split(",")))
-CORES = "NEURON_RT_VISIBLE_CORES"
-if "share-core" in MODES and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-    os.environ[CORES] = "0"
-_spec = importlib.util.spec_from_file_location("_standin_cores", {core_rule!r})
-_rule = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_rule)  # one core per process in a distributed run, as TorchNeuron demands
-VISIBLE_CORES = _rule.VISIBLE_CORES
-
-
-def device_count():
-    if "few-cores" in MODES:
-        return 1
-    visible = os.environ.get(CORES)
-    return len(_rule._parse(visible)) if visible else 8 // int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-
-
-neuron = types.ModuleType("torch.neuron")
-neuron.is_available = lambda: "unavailable" not in MODES
-neuron.device_count = device_count
-neuron.current_device = lambda: 0
-neuron.synchronize = lambda device=None: None
-torch.neuron = neuron
-sys.modules["torch.neuron"] = neuron
-
-
-def _backend(gm, example_inputs):
-    cache = os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR", "/var/tmp/neuron-compile-cache")
-    if "cache-elsewhere" in MODES:
-        cache = os.environ["FAKE_NEURON_ELSEWHERE"]
-    key = hashlib.sha256(gm.code.encode()).hexdigest()[:16]
-    if "no-hit" in MODES:
-        key += "-" + str(os.getpid())
-    path = os.path.join(cache, "MODULE_" + key, "model.neff")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(gm.code)
-    return gm.forward
-
-
-from torch._dynamo import register_backend  # noqa: E402
-
-register_backend(_backend, name="neuron")
-'''
 
 NKI = '''\
 """nki stand-in (tests/neuron_standins.py): kernels._fake_nki under the real name."""
@@ -141,9 +83,8 @@ def install(root: Path, monkeypatch, versions: dict[str, str] | None = None) -> 
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     monkeypatch.syspath_prepend(str(meta))
     pkg = root / PACKAGES_DIR
-    (pkg / "torch_neuronx").mkdir(parents=True)
-    core_rule = Path(__file__).resolve().parent / "neuron_standin" / "torch_neuronx" / "__init__.py"
-    (pkg / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX.format(core_rule=str(core_rule)))
+    pkg.mkdir(parents=True)
+    (pkg / "torch_neuronx").symlink_to(STANDIN / "torch_neuronx", target_is_directory=True)
     (pkg / "nki").mkdir()
     (pkg / "nki" / "__init__.py").write_text(NKI)
     bin_dir = write_tools(root / "bin", MONITOR)

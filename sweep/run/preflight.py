@@ -13,19 +13,23 @@ one line saying what fixes it, and the exit code is 1 (0 when all pass, 2 for ba
 - ``compile_cache``: one salted graph compiled twice in two processes: the first must write a NEFF where
   ``TORCH_NEURONX_NEFF_CACHE_DIR`` points, the second must find it (a hit). Where the cache lives, that it
   is writable and how it is shared are reported; a ``trial.compile_cache`` path on a local disk fails.
-- ``kernels``: every NKI kernel against the PyTorch op on the device in bf16, at the spec's narrowest and
-  widest ``model_dim``, within :data:`TOLERANCE` (max error over max magnitude). kernels="auto" trusts NKI
-  only where this check passed at the trial's LNC (the report below).
+- ``kernels`` (advisory): every NKI kernel against the PyTorch op on the device in bf16, at the spec's narrowest
+  and widest ``model_dim``, within :data:`TOLERANCE` (max error over max magnitude), eager and under
+  ``torch.compile(backend="neuron")`` as trials run them. kernels="auto" trusts NKI only where this check
+  passed at the trial's LNC (the report below); where it failed, the node still joins and its trials run the
+  PyTorch ops, with the reason in their record.
 - ``monitor``: one ``neuron-monitor`` report.
 - ``artifacts``: the spec's artifact store (``SWEEP_ARTIFACTS``, else ``study.artifacts``) takes a write:
   ``_preflight/HOST.json`` under its prefix (S3 PutObject and HeadObject, which the worker role holds).
 
-Checks that need the device are skipped (and fail) when ``versions`` or ``device`` failed. The report
-(``{"ok", "lnc", "ranks", "study", "node", "checks": [{"name", "ok", "detail", "fix", ...}], ...}``) is
-printed after the table and written to ``$TRNSWEEP_PREFLIGHT_REPORT`` (default
-``~/.cache/trnsweep/preflight.json``); the launch's working files (its ``trainer.log``) stay in
-``preflight-work/`` beside it until the next run. The cluster's workers run this before ``ray start``, so a node that
-fails never joins (infra/ray/trn2.yaml).
+Every check is required but those in :data:`ADVISORY`: a failed required check fails the node (exit 1,
+``ok`` false), a failed advisory one is reported (``advisory_failures``, a line on stderr) and the node
+passes. Checks that need the device are skipped (and fail) when ``versions`` or ``device`` failed. The report
+(``{"ok", "first_failure", "advisory_failures", "lnc", "ranks", "study", "node", "checks": [{"name", "ok",
+"required", "detail", "fix", ...}], ...}``) is printed after the table and written to
+``$TRNSWEEP_PREFLIGHT_REPORT`` (default ``~/.cache/trnsweep/preflight.json``); the launch's working files (its
+``trainer.log``) stay in ``preflight-work/`` beside it until the next run. The cluster's workers run this before
+``ray start``, so a node that fails a required check never joins (infra/ray/trn2.yaml).
 
 Long file: the eight checks, each with the one-line failures and fixes a node's operator reads, stay
 together with the plan they share and the report the kernels read, so the whole contract is one page.
@@ -81,6 +85,7 @@ class Check:
     fix: str = ""
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
+    required: bool = True  # False: a failure is reported, and the node still passes
 
 
 class CheckFailed(Exception):
@@ -360,16 +365,17 @@ def check_kernels(plan: Plan) -> Check:
     if bad:
         r = bad[0]
         seen = r.get("error") or f"error {r['err']:.3g} > {TOLERANCE:g}"
-        raise CheckFailed(f"{r['kernel']} at width {r['width']}: {seen}", "keep kernels = \"torch\" on this node; "
-                          "run tests/kernels with NKI_SIMULATOR=1 to find the fault", data)
+        raise CheckFailed(f"{r['kernel']} ({r.get('mode', 'eager')}) at width {r['width']}: {seen}",
+                          "trials here run the PyTorch ops; run tests/kernels with NKI_SIMULATOR=1 to find the fault",
+                          data)
     proven = {r["kernel"] for r in rows if "err" in r}
     refused = sorted({r["kernel"] for r in rows} - proven)
     if refused or not rows:
         raise CheckFailed(f"{', '.join(refused) or 'no kernel'} refused at every width tested",
                           "kernels fall back to PyTorch ops here: keep kernels = \"torch\"", data)
     worst = max((r for r in rows if "err" in r), key=lambda r: r["err"])
-    return Check("kernels", True, f"{len(proven)} kernel(s) in bf16 at width(s) {widths} within {TOLERANCE:g} "
-                 f"(worst {worst['err']:.2g}: {worst['kernel']})", data=data)
+    return Check("kernels", True, f"{len(proven)} kernel(s) in bf16, eager and compiled, at width(s) {widths} within "
+                 f"{TOLERANCE:g} (worst {worst['err']:.2g}: {worst['kernel']} {worst.get('mode', '')})", data=data)
 
 
 def check_monitor(plan: Plan) -> Check:
@@ -420,6 +426,10 @@ def check_artifacts(plan: Plan, s3_client: Any = None) -> Check:
 # -- the run ------------------------------------------------------------------------------------------
 
 NEEDS_DEVICE = ("launch", "compile_cache", "kernels")
+# Checks whose failure a node survives: trials run kernels = "auto", which falls back to the PyTorch ops
+# wherever the kernels check did not pass (model/kernel_choice.py), so one NKI problem never keeps a node out.
+ADVISORY = ("kernels",)
+ADVISORY_EFFECT = {"kernels": 'run the PyTorch ops (kernels = "auto" records why)'}
 
 
 def run_checks(plan: Plan, workdir: Path, checks: Mapping[str, Callable[[], Check]] | None = None) -> list[Check]:
@@ -445,12 +455,17 @@ def run_checks(plan: Plan, workdir: Path, checks: Mapping[str, Callable[[], Chec
             c = Check(name, False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
                       "run `python -m sweep preflight` by hand and read the error")
         done.append(replace(c, name=name, seconds=round(time.monotonic() - t0, 2)))
-    return done
+    return [replace(c, required=c.name not in ADVISORY) for c in done]
+
+
+def first_required_failure(checks: list[Check]) -> Check | None:
+    return next((c for c in checks if not c.ok and c.required), None)
 
 
 def report_of(plan: Plan, checks: list[Check], seconds: float) -> dict[str, Any]:
-    first = next((c for c in checks if not c.ok), None)
-    return {"ok": first is None, "first_failure": first.name if first else None, "study": plan.study,
+    first = first_required_failure(checks)
+    return {"ok": first is None, "first_failure": first.name if first else None,
+            "advisory_failures": [c.name for c in checks if not c.ok and not c.required], "study": plan.study,
             "lnc": plan.lnc, "ranks": plan.ranks, "node": socket.gethostname(), "unix": round(time.time(), 1),
             "seconds": round(seconds, 1), "checks": [asdict(c) for c in checks]}
 
@@ -469,9 +484,9 @@ def write_report(report: Mapping[str, Any], path: Path) -> None:
 def print_table(checks: list[Check], out: TextIO) -> None:
     width = max(len(c.name) for c in checks)
     for c in checks:
-        mark = "ok" if c.ok else "SKIP" if c.detail.startswith("skipped") else "FAIL"
+        mark = "ok" if c.ok else "SKIP" if c.detail.startswith("skipped") else "FAIL" if c.required else "WARN"
         print(f"{c.name:<{width}}  {mark:<4}  {c.seconds:7.1f}s  {c.detail}", file=out)
-        if mark == "FAIL" and c.fix:
+        if mark in ("FAIL", "WARN") and c.fix:
             print(f"{'':<{width}}        fix: {c.fix}", file=out)
 
 
@@ -499,10 +514,15 @@ def main(spec: Any, url: str | None, args: argparse.Namespace, out: TextIO) -> i
     write_report(report, path)
     print_table(checks, out)
     print(json.dumps(report, default=str), file=out, flush=True)
-    first = next((c for c in checks if not c.ok), None)
+    first = first_required_failure(checks)
     if first is not None:
         print(f"sweep: preflight failed at {first.name}: {first.detail}; fix: {first.fix}", file=sys.stderr,
               flush=True)
         return 1
-    print(f"preflight: every check passed; report in {path}", file=sys.stderr, flush=True)
+    advisory = [c for c in checks if not c.ok]
+    for c in advisory:
+        print(f"preflight: advisory check {c.name} failed ({c.detail}); the node joins, and its trials "
+              f"{ADVISORY_EFFECT.get(c.name, 'go without it')}", file=sys.stderr, flush=True)
+    passed = "every required check passed" if advisory else "every check passed"
+    print(f"preflight: {passed}; report in {path}", file=sys.stderr, flush=True)
     return 0

@@ -1,9 +1,9 @@
 """Each torchrun rank of a Neuron trial holds exactly its own NeuronCore.
 
 The launches are real torchrun runs of the supervisor's command line with the trial's launch
-environment; what they run is a trainer stand-in importing the stand-in ``torch_neuronx``
-(tests/neuron_standin), which refuses a rank that sees more than one core, as TorchNeuron does, and
-reserves each core as the Neuron runtime does.
+environment; what they run is a trainer stand-in that joins the ``neuron`` process group through the stand-in
+``torch_neuronx`` (tests/neuron_standin), which refuses a rank that sees more than one core there, as
+TorchNeuron's source does, and reserves each core as the Neuron runtime does.
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ def test_four_rank_launch_gives_each_rank_its_own_core(tmp_path, visible, lnc, c
 
 
 def test_the_old_shared_range_is_refused_by_torchneuron(tmp_path):
-    """Every rank handed the trial's whole range (the launch before the fix) fails at import."""
+    """Every rank handed the trial's whole range (the launch before the fix) fails as it joins the process group."""
     plan = plan_for(tmp_path, "4-7", 4)
     try:
         proc = launch(tmp_path, plan, rank_module=None)
     finally:
         plan.close()
     assert proc.returncode != 0
-    assert "exactly one NeuronCore per process" in proc.stderr and "NEURON_RT_VISIBLE_CORES=4-7" in proc.stderr
+    assert "Attempted to have more than one device per process in distributed setup" in proc.stderr
 
 
 def test_the_stand_in_also_refuses_two_ranks_on_one_core(tmp_path):

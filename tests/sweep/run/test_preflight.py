@@ -19,12 +19,13 @@ from sweep.spec import load
 from tests.neuron_standins import drop_packages, install
 from tests.sweep_fixtures import write_spec
 
-# A study shaped like phase1 (fixed lnc, ranks, one chip's cores), on the CPU with a model that trains in a blink.
+# A study shaped like phase1 (fixed lnc, ranks, one chip's cores) with a model that trains in a blink, on the
+# stand-in's neuron device (the CPU underneath, TorchNeuron's device rules on top).
 SPEC = {
     "study": {"n_trials": 1},
     "trial": {"budget_s": 4, "startup_allowance_s": 20, "eval_timeout_s": 20},
     "trial.resources": {"neuron_cores": 2, "num_cpus": 1},
-    "fixed": {"device": "cpu", "num_threads": 1, "vocab_size": 512, "head_dim": 64, "seq_len": 64, "lnc": 2,
+    "fixed": {"device": "neuron", "num_threads": 1, "vocab_size": 512, "head_dim": 64, "seq_len": 64, "lnc": 2,
               "ranks": 2},
     "params.model_dim": {"type": "int", "low": 128, "high": 256, "step": 128},
 }
@@ -87,8 +88,11 @@ def test_every_check_passes_end_to_end_against_the_standins(node, s3, monkeypatc
     assert "rank 0: core 0, rank 1: core 1" in checks["launch"]["detail"]
     assert [r["new_neffs"] for r in checks["compile_cache"]["data"]["runs"]] == [1, 0]
     assert checks["compile_cache"]["data"]["neff_dir"] == str(node / "cache" / "neff")
-    assert {(r["kernel"], r["width"]) for r in checks["kernels"]["data"]["results"]} == {
-        ("rms_norm", 128), ("relu2_mlp", 128), ("rms_norm", 256), ("relu2_mlp", 256), ("softcap_cross_entropy", 512)}
+    assert sorted((r["kernel"], r["width"], r["mode"]) for r in checks["kernels"]["data"]["results"]) == sorted(
+        (k, w, m) for k, w in (("rms_norm", 128), ("relu2_mlp", 128), ("rms_norm", 256), ("relu2_mlp", 256),
+                               ("softcap_cross_entropy", 512)) for m in ("eager", "compiled"))
+    assert report["advisory_failures"] == [] and [c["name"] for c in report["checks"] if not c["required"]] == \
+        ["kernels"]
     assert all(r["err"] <= pf.TOLERANCE for r in checks["kernels"]["data"]["results"])
     s3.head_object(Bucket="trn-bucket", Key=f"artifacts/_preflight/{socket.gethostname()}.json")
     for name in names:
@@ -111,6 +115,36 @@ def test_a_failure_exits_1_naming_the_first_failed_check_and_its_fix(node, monke
         assert not checks[name]["ok"] and checks[name]["detail"] == "skipped: the device check failed"
     assert checks["monitor"]["ok"] and checks["artifacts"]["ok"] and checks["versions"]["ok"]
     assert "SKIP" in out.getvalue() and "FAIL" in out.getvalue()
+
+
+def test_a_node_whose_only_failure_is_advisory_joins(node, monkeypatch, capsys):
+    """Wrong kernel results fail the kernels check, which is advisory: exit 0, the report names it, and the
+    trainer's kernels = "auto" reads the failed check and runs the PyTorch ops."""
+    from model.kernel_choice import preflight_verdict
+
+    monkeypatch.setenv("FAKE_NEURON", "wrong-kernels")
+    monkeypatch.setenv("SWEEP_ARTIFACTS", str(node / "artifacts"))
+    out = io.StringIO()
+    assert cli.main(["preflight", str(write_spec(node, "pf", SPEC))], out=out) == 0, out.getvalue()
+    report = json.loads((node / "report.json").read_text())
+    assert report["ok"] and report["first_failure"] is None and report["advisory_failures"] == ["kernels"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert not checks["kernels"]["ok"] and not checks["kernels"]["required"]
+    assert all(c["ok"] for name, c in checks.items() if name != "kernels")
+    assert any(line.startswith("kernels") and " WARN " in line for line in out.getvalue().splitlines())
+    err = capsys.readouterr().err
+    assert "advisory check kernels failed" in err and "every required check passed" in err
+    assert preflight_verdict(2, node / "report.json") == (False, f"the preflight's kernels check failed on this node "
+                                                           f"({node / 'report.json'})")
+
+
+def test_a_node_whose_launch_fails_is_refused(node, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NEURON", "share-core")
+    monkeypatch.setenv("SWEEP_ARTIFACTS", str(node / "artifacts"))
+    assert cli.main(["preflight", str(write_spec(node, "pf", SPEC))], out=io.StringIO()) == 1
+    report = json.loads((node / "report.json").read_text())
+    assert not report["ok"] and report["first_failure"] == "launch" and report["advisory_failures"] == []
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("sweep: preflight failed at launch: rank 1")
 
 
 def test_bad_input_is_exit_2(node, capsys):
@@ -198,7 +232,7 @@ def test_compile_cache_not_writable(node):
 def test_kernels_wrong_results_and_no_nki(node, monkeypatch):
     monkeypatch.setenv("FAKE_NEURON", "wrong-kernels")
     c = failed(pf.check_kernels, plan(node))
-    assert c.detail.startswith("rms_norm at width 128: error 0.") and "kernels = \"torch\"" in c.fix
+    assert c.detail.startswith("rms_norm (eager) at width 128: error 0.") and "PyTorch ops" in c.fix
     monkeypatch.setenv("FAKE_NEURON", "")
     monkeypatch.delenv("NKI_SIMULATOR")
     drop_packages(monkeypatch)
