@@ -130,7 +130,13 @@ class _TileSize:
     gemm_moving_fmax = MOVING_MAX
     psum_fmax = MOVING_MAX
     psum_num_banks = PSUM_BANKS
-    total_available_sbuf_size = SBUF_PARTITION_BYTES
+    # NKI's usable SBUF per partition (nl.tile_size.sbuf_fmax_bytes, NKI 0.4+). The docs give no trn2
+    # figure for it, only the capacity (224 KiB) and "total minus reserved bytes": the stand-in reports the
+    # capacity, no reserve (a guess), and its SBUF ledger refuses anything past this same figure.
+    sbuf_fmax_bytes = SBUF_PARTITION_BYTES
+    sbuf_fmax = SBUF_PARTITION_BYTES // 4  # in float32 elements
+    sbuf_size_bytes = SBUF_PARTITION_BYTES * PMAX  # all partitions: 28 MiB
+    total_available_sbuf_size = SBUF_PARTITION_BYTES  # the deprecated name of sbuf_fmax_bytes, same value
 
 
 def _account(t: FakeTensor, buffer: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -142,9 +148,10 @@ def _account(t: FakeTensor, buffer: str, shape: tuple[int, ...], dtype: np.dtype
     if buffer == "sbuf":
         ledger.sbuf += per_partition
         ledger.peak_sbuf = max(ledger.peak_sbuf, ledger.sbuf)
-        _check(ledger.sbuf <= SBUF_PARTITION_BYTES,
+        usable = _TileSize.sbuf_fmax_bytes
+        _check(ledger.sbuf <= usable,
                f"SBUF overflow: {ledger.sbuf} bytes per partition live after allocating {shape} {dtype} "
-               f"(trn2 has {SBUF_PARTITION_BYTES})")
+               f"(trn2 has {usable})")
         weakref.finalize(t, ledger.release, per_partition, 0)
     else:
         banks = -(-per_partition // PSUM_BANK_BYTES)

@@ -51,6 +51,22 @@ def neuron_device_available() -> bool:
     return neuron_available()
 
 
+def usable_sbuf_bytes() -> int | None:
+    """NKI's own usable SBUF per partition, in bytes (``nl.tile_size.sbuf_fmax_bytes``, NKI 0.4+; the older
+    ``total_available_sbuf_size`` holds the same figure), or None where nki is not importable or does not
+    give it outside a kernel; kernels.relu2_mlp then plans with its documented fallback."""
+    if not NKI_AVAILABLE:
+        return None
+    for name in ("sbuf_fmax_bytes", "total_available_sbuf_size"):
+        try:
+            value = getattr(nl.tile_size, name)
+        except Exception:  # absent in this NKI, or it needs a kernel's target to answer
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def kernels() -> ModuleType:
     """The module of `@nki.jit` kernels, imported on first use (its decorators need nki)."""
     global _kernels

@@ -28,8 +28,9 @@ from kernels import _nki
 P = 128  # SBUF partitions
 TOKEN_BLOCK = 512  # tokens per block of the NKI forward (kernels.nki_kernels.TOKEN_BLOCK)
 SBUF_PARTITION_BYTES = 224 * 1024  # NeuronCore-v3 (trn2): 28 MiB of SBUF = 128 partitions x 224 KiB (arch guide)
-# The plan's budget. NKI documents the usable size per partition as "total minus reserved bytes"
-# (nl.tile_size.total_available_sbuf_size) without the amount: 32 KiB of slack is a guess.
+# The plan's budget is NKI's usable SBUF per partition (nl.tile_size.sbuf_fmax_bytes) wherever nki is
+# importable (kernels._nki.usable_sbuf_bytes). Without it, this fallback: NKI documents the usable size as
+# total minus reserved bytes without the amount, so 32 KiB of slack is a guess.
 SBUF_BUDGET_BYTES = 192 * 1024
 STREAM_GROUPS = (512, 256, 128)  # hidden units per group when the weights cannot stay resident
 
@@ -62,16 +63,23 @@ def _group_sizes(mlp_dim: int, group: int) -> list[int]:
     return [min(group, mlp_dim - g0) for g0 in range(0, mlp_dim, group)]
 
 
-def mlp_plan(dim: int, mlp_dim: int, out_dim: int, itemsize: int) -> MlpPlan | None:
-    """The NKI forward's buffer plan for a shape and dtype size, or None when no plan fits SBUF_BUDGET_BYTES:
-    weights resident if they fit, else streamed in the largest hidden group that fits."""
+def sbuf_budget() -> int:
+    """Per-partition SBUF the plan may use: NKI's figure where nki gives one, else SBUF_BUDGET_BYTES."""
+    return _nki.usable_sbuf_bytes() or SBUF_BUDGET_BYTES
+
+
+def mlp_plan(dim: int, mlp_dim: int, out_dim: int, itemsize: int, budget: int | None = None) -> MlpPlan | None:
+    """The NKI forward's buffer plan for a shape and dtype size, or None when no plan fits the budget
+    (``sbuf_budget()`` unless given): weights resident if they fit, else streamed in the largest hidden
+    group that fits."""
+    budget = sbuf_budget() if budget is None else budget
     group = min(STREAM_GROUPS[0], mlp_dim)
     need = nki_sbuf_bytes(dim, mlp_dim, out_dim, itemsize, group, True)
-    if need <= SBUF_BUDGET_BYTES:
+    if need <= budget:
         return MlpPlan(group, True, need)
     for group in STREAM_GROUPS:
         need = nki_sbuf_bytes(dim, mlp_dim, out_dim, itemsize, min(group, mlp_dim), False)
-        if need <= SBUF_BUDGET_BYTES:
+        if need <= budget:
             return MlpPlan(min(group, mlp_dim), False, need)
     return None
 
@@ -93,11 +101,12 @@ def reference_backward(dy2: torch.Tensor, x2: torch.Tensor, w_fc: torch.Tensor, 
 
 def nki_forward(x2: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [N, Dout], h^T [H, N]) from the NKI kernel, under the buffer plan for this shape."""
-    plan = mlp_plan(x2.shape[1], w_fc.shape[0], w_proj.shape[0], x2.element_size())
+    budget = sbuf_budget()
+    plan = mlp_plan(x2.shape[1], w_fc.shape[0], w_proj.shape[0], x2.element_size(), budget)
     if plan is None:
         raise ValueError(
             f"relu2_mlp NKI kernel has no SBUF plan for dim {x2.shape[1]}, mlp_dim {w_fc.shape[0]} in {x2.dtype} "
-            f"(budget {SBUF_BUDGET_BYTES // 1024} KiB per partition); use the PyTorch op for this width")
+            f"(budget {budget // 1024} KiB per partition); use the PyTorch op for this width")
     y, pre_t = _nki.launch(_nki.kernels().relu2_mlp_fwd, x2.contiguous(), w_fc.t().contiguous(),
                            w_proj.t().contiguous(), plan.group, plan.resident)
     return y.to(device=x2.device, dtype=x2.dtype), pre_t.to(device=x2.device, dtype=x2.dtype)

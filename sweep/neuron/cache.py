@@ -33,7 +33,14 @@ from typing import Any
 
 NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"  # the native backend's persistent NEFF cache (a path)
 XLA_CACHE_VAR = "NEURON_COMPILE_CACHE_URL"  # the XLA path's persistent cache (a path or s3://)
-NEFF_DISABLE_VAR = "TORCH_NEURONX_NEFF_DISABLE_CACHE"
+# TorchNeuron reads its cache switch under two names (docs/neuron.md, "Compile cache"): the C++ cache
+# backend and the NKI kernel cache read TORCH_NEURONX_NEFF_DISABLE_CACHE, the Python compile cache and the
+# environment-variables page the other. The sweep never sets either; a trial or preflight that finds one
+# set says so.
+NEFF_DISABLE_VAR = "TORCH_NEURONX_NEFF_DISABLE_CACHE"  # the C++ backend's name (only "1" disables there)
+NEFF_DISABLE_VAR_DOCS = "TORCH_NEURONX_DISABLE_NEFF_CACHE"  # the documented name (1, true, yes)
+NEFF_DISABLE_VARS = (NEFF_DISABLE_VAR, NEFF_DISABLE_VAR_DOCS)
+_DISABLING = ("1", "true", "yes")  # what either reader takes as "disabled", case aside
 NODE_CACHE_VAR = "NEURON_CACHE_DIR"  # the node's cache root, from infra's cluster.env
 DEFAULT_NODE_CACHE = "/var/tmp/trnsweep-neuron-cache"
 MIN_CACHE_FREE_BYTES = 4 * 1024**3  # below this a compile could fill the disk, which corrupts the cache
@@ -93,6 +100,12 @@ def run_sync(src: str, dst: str, min_age_s: float = 0.0) -> str | None:
         lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
         return f"sync {src} -> {dst}: {lines[-1]}"[:300]
     return None
+
+
+def cache_disabled_by(env: Mapping[str, str]) -> str:
+    """The disable settings in ``env`` that turn part of TorchNeuron's NEFF cache off, as one phrase ("" if none)."""
+    found = [f"{var}={env[var]}" for var in NEFF_DISABLE_VARS if env.get(var, "").strip().lower() in _DISABLING]
+    return ", ".join(found)
 
 
 def cache_entries(dirs: Iterable[str]) -> set[str]:

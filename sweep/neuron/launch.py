@@ -32,6 +32,9 @@ CORES_VAR = "NEURON_RT_VISIBLE_CORES"  # set by Ray for a task holding neuron_co
 RANK_CORES_VAR = "TRNSWEEP_RANK_CORES"  # each torchrun rank's core, in local-rank order ("4,5,6,7")
 RANK_MODULE = "sweep.neuron.rank"  # what torchrun runs in each rank when RANK_CORES_VAR is set
 CC_FLAGS_VAR = "NEURON_CC_FLAGS"
+# neuronx-cc's spellings of its LNC option (compiler CLI reference; NCC_EVRF066 and NCC_EARG001 use --lnc):
+# refused in neuron_cc_flags, since a compiler LNC that differs from NEURON_LOGICAL_NC_CONFIG breaks kernels.
+LNC_FLAGS = ("--lnc", "-lnc", "--logical-nc-config")
 DEFAULT_NODE_LNC = 2  # Trainium2's default, and render-cluster's
 LNC_VALUES = (1, 2)
 CORES_PER_CHIP = 8  # physical NeuronCores of a Trainium2 chip
@@ -158,8 +161,14 @@ def launch_values(config: Mapping[str, Any], default_ranks: int = 1,
     if flags is not None:
         if not isinstance(flags, str):
             raise LaunchError(f"neuron_cc_flags must be a string, got {flags!r}", "neuron_cc_flags")
-        if any(t.split("=", 1)[0] in ("--cache_dir", "--cache-dir") for t in split_flags(flags)):
+        names = [t.split("=", 1)[0] for t in split_flags(flags)]
+        if any(n in ("--cache_dir", "--cache-dir") for n in names):
             raise LaunchError("--cache_dir is set by the sweep (trial.compile_cache); remove it", "neuron_cc_flags")
+        lnc_flag = next((n for n in names if n in LNC_FLAGS or n.startswith("--logical-nc")), None)
+        if lnc_flag:
+            raise LaunchError(f"{lnc_flag} in the compiler flags overrides the LNC that the kernels and the runtime "
+                              "use (NCC_EVRF066); set the lnc parameter (NEURON_LOGICAL_NC_CONFIG) instead",
+                              "neuron_cc_flags")
     return ranks, lnc, flags
 
 
@@ -209,6 +218,10 @@ def check_spec(space: Any, neuron_cores: int, trial_ranks: int, trial_ranks_give
         return f"trial.env.{CORES_VAR}", "Ray assigns the cores of a trial; use trial.resources.neuron_cores"
     if compile_cache and not (compile_cache.startswith("s3://") or os.path.isabs(compile_cache)):
         return "trial.compile_cache", f"must be an absolute path or s3://bucket/prefix, got {compile_cache!r}"
+    try:  # trial.env's own LNC and compiler flags, which a study without launch keys never samples
+        launch_values({}, 1, env)
+    except LaunchError as e:
+        return _SPEC_KEY[e.key or "ranks"], str(e)
     if not names & set(LAUNCH_KEYS) and not neuron_cores:
         return None
     rng = random.Random(0)

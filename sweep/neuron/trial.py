@@ -19,9 +19,9 @@ from typing import Any
 
 from sweep.neuron.cache import (
     MIN_CACHE_FREE_BYTES,
-    NEFF_DISABLE_VAR,
     PUSH_MIN_AGE_S,
     CacheLocation,
+    cache_disabled_by,
     cache_entries,
     cache_location,
     cache_outcome,
@@ -102,12 +102,13 @@ class TrialLaunch:
             attrs.update(neuron_cores_assigned=format_cores(assigned), neuron_rank_cores=format_cores(rank_cores))
         neuron = bool(visible) or config.get("device") == "neuron" or bool(compile_cache)
         if neuron:
-            launch._configure_cache(cache_location(compile_cache, node_env), task_env)
+            launch._configure_cache(cache_location(compile_cache, node_env), task_env, env)
             launch.sampler = MonitorSampler(pids, workdir)
         return launch
 
-    def _configure_cache(self, loc: CacheLocation, task_env: Mapping[str, str]) -> None:
-        """Point the caches at ``loc`` (explicit trial.env settings win) and remember what is in them."""
+    def _configure_cache(self, loc: CacheLocation, task_env: Mapping[str, str], env: Mapping[str, str]) -> None:
+        """Point the caches at ``loc`` (explicit trial.env settings win) and remember what is in them; ``env``
+        is the node's environment with trial.env over it, as the trainer will see it."""
         self.cache = loc
         self.env.update({k: v for k, v in loc.env().items() if k not in task_env})
         self.attrs["compile_cache"] = loc.kind if loc.kind == "node" else loc.root
@@ -123,9 +124,12 @@ class TrialLaunch:
             error = self.sync(loc.remote, loc.neff_dir, 0.0)
             if error:
                 self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
-        if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
-            self.env[NEFF_DISABLE_VAR] = "1"
-            self.attrs["compile_cache_error"] = f"cache disabled: {free / 1024**3:.1f} GiB free under {dirs[0]}"
+        if free < MIN_CACHE_FREE_BYTES:  # said, not acted on: TorchNeuron's switch has two names (cache.py)
+            self.attrs["compile_cache_error"] = (f"only {free / 1024**3:.1f} GiB free under {dirs[0]}: "
+                                                 "a compile may fill the disk")
+        disabled = cache_disabled_by({**env, **self.env})
+        if disabled:  # every graph compiles again, and the hit/miss verdict says miss
+            self.attrs["compile_cache_disabled"] = f"{disabled} turns TorchNeuron's NEFF cache off for this trial"
         self.cache_before = cache_entries(dirs)
 
     def started(self) -> None:

@@ -6,7 +6,9 @@ Everything here is a fact from the Neuron SDK 2.33.0 documentation (sources in d
   the ``torch-neuronx`` families 2.13.3.0.* (PyTorch 2.13.0) and 2.14.3.0.* (PyTorch 2.14.0); "install the
   torch-neuronx package family that matches the PyTorch version" (release notes, TorchNeuron 2.33.0).
   The 2.9.x line of torch-neuronx is PyTorch/XLA: it has no ``neuron`` device.
-- The same release's compiler is neuronx-cc 2.28.7631.0 and NKI is 0.7.0 (component release index).
+- The same release's compiler is neuronx-cc 2.28.7631.0 and NKI is 0.7.0 (component release index),
+  its Neuron Runtime Library 2.35.30.0, Collectives 2.35.43.0 and Developer Tools 2.33.38.0: the apt
+  packages an image without the DLAMI needs (torch_neuronx's extension links the runtime's libnrt).
 - The AMI that carries it is "Deep Learning AMI Neuron torch-neuronx 2.14.0", with the venv
   /opt/aws_neuronx_venv_torch_neuronx_2_14_0 (setup/pytorch/update-dlami, 2.33.0). We pin the 2.14 family
   because that venv is the one AWS builds and tests; the CPU side (Makefile TORCH_PIN) stays at 2.13.0,
@@ -44,6 +46,15 @@ PINS: dict[str, str] = {
     "nki": f"nki=={NKI}",
 }
 REQUIRED = tuple(PINS)
+
+# The apt packages (AWS's apt repository) an image needs beside the pip set, at this release's versions:
+# the runtime (libnrt) and collectives that torch_neuronx loads, and the tools. docker/Dockerfile.neuron
+# installs each at ``VERSION*`` (the repository's versions carry a build suffix).
+APT_PACKAGES: dict[str, str] = {
+    "aws-neuronx-runtime-lib": "2.35.30.0",
+    "aws-neuronx-collectives": "2.35.43.0",
+    "aws-neuronx-tools": "2.33.38.0",
+}
 
 # PyTorch release (major.minor.micro) -> the TorchNeuron family built for it, per the 2.33.0 notes.
 TORCHNEURON_FAMILIES: dict[str, str] = {"2.13.0": "2.13.3.0", "2.14.0": "2.14.3.0"}

@@ -316,6 +316,10 @@ def cache_sharing(loc: neuron.CacheLocation, env: Mapping[str, str]) -> tuple[bo
     return False, f"node directory {loc.root}, not shared (no TRNSWEEP_S3 for node_sync)"
 
 
+# TorchNeuron reads the cache switch under two names (sweep/neuron/cache.py): the fix names both.
+CACHE_SWITCH_FIX = f"unset {' and '.join(neuron.NEFF_DISABLE_VARS)} (the node's environment or trial.env)"
+
+
 def check_compile_cache(plan: Plan) -> Check:
     loc = neuron.cache_location(plan.compile_cache, {**os.environ, **plan.env})
     data: dict[str, Any] = {"kind": loc.kind, "neff_dir": loc.neff_dir, "var": neuron.NEFF_CACHE_VAR}
@@ -333,6 +337,9 @@ def check_compile_cache(plan: Plan) -> Check:
         raise CheckFailed(f"trial.compile_cache {loc.root} is not on a shared file system ({how})",
                           f"mount the shared file system at {loc.root} (or use s3://), as every node must", data)
     env = child_env(plan, loc.env(), cores="0")
+    disabled = neuron.cache_disabled_by(env)
+    if disabled:
+        raise CheckFailed(f"{disabled} is set: TorchNeuron would compile every graph again", CACHE_SWITCH_FIX, data)
     salt = round(random.Random().uniform(0.5, 1.5), 9)
     runs = []
     for _ in range(2):
@@ -347,7 +354,7 @@ def check_compile_cache(plan: Plan) -> Check:
     if runs[1]["new_neffs"]:
         raise CheckFailed(f"the second compile of the same graph wrote {runs[1]['new_neffs']} new NEFF(s): "
                           "no cache hit",
-                          f"check that {neuron.NEFF_CACHE_VAR} is not disabled ({neuron.NEFF_DISABLE_VAR}) and that "
+                          f"check that {neuron.NEFF_CACHE_VAR} is not switched off ({CACHE_SWITCH_FIX}) and that "
                           "neuronx-cc flags are the same in both runs", data)
     return Check("compile_cache", True, f"miss then hit ({runs[0]['seconds']} s, then {runs[1]['seconds']} s); "
                  f"{loc.neff_dir}, writable; {'shared' if shared else 'NOT shared'}: {how}", data=data)

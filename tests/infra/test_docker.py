@@ -60,5 +60,26 @@ def test_the_neuron_image_installs_the_pinned_torchneuron_set_and_puts_the_tools
     assert args["TORCH_VERSION"] == versions.TORCH
     assert args["TORCH_NEURONX_VERSION"] == f"{versions.TORCH_NEURONX_FAMILY}.*"
     assert args["NEURONX_CC_VERSION"] == versions.NEURONX_CC and args["NKI_VERSION"] == versions.NKI
-    assert f"PATH={versions.NEURON_TOOLS_BIN}:" in neuron and "aws-neuronx-tools=" in neuron
+    assert f"PATH={versions.NEURON_TOOLS_BIN}:" in neuron
     assert "TORCH_NEURONX_NEFF_CACHE_DIR=" in neuron and "pytorch-training-neuronx" not in neuron  # no XLA image
+
+
+def apt_pins(dockerfile: str) -> dict[str, str]:
+    """Each apt package the Dockerfile installs as "name=${ARG}" (pip's are "name==..."), with the ARG's value."""
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, re.M))
+    return {name: args[arg] for name, arg in re.findall(r'"([a-z0-9-]+)=\$\{(\w+)\}"', dockerfile)}
+
+
+def test_the_neuron_image_installs_the_runtime_collectives_and_tools_at_this_releases_versions():
+    """Without the runtime (libnrt) and collectives, `import torch_neuronx` fails in the image."""
+    from sweep.neuron import versions
+
+    pins = apt_pins(DOCKERFILES[1].read_text())
+    assert set(versions.APT_PACKAGES) == {"aws-neuronx-runtime-lib", "aws-neuronx-collectives", "aws-neuronx-tools"}
+    assert pins == {name: f"{version}*" for name, version in versions.APT_PACKAGES.items()}
+
+
+def test_the_apt_pin_check_catches_a_missing_runtime():
+    text = DOCKERFILES[1].read_text()
+    without = text.replace('"aws-neuronx-runtime-lib=${NEURON_RUNTIME_VERSION}"', "")
+    assert without != text and "aws-neuronx-runtime-lib" not in apt_pins(without)

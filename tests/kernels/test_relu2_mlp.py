@@ -1,5 +1,6 @@
 """kernels/relu2_mlp.py: the NKI forward's SBUF plan covers every width the phase-1 and phase-2 studies search,
-and the kernel runs at every phase-1 width on the stricter stand-in within the plan's own byte count."""
+budgets NKI's own usable SBUF figure where nki gives one, and the kernel runs at every phase-1 width on the
+stricter stand-in within the plan's own byte count."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.relu2_mlp import SBUF_BUDGET_BYTES, SBUF_PARTITION_BYTES, mlp_plan, relu2_mlp
+from kernels import _nki
+from kernels.relu2_mlp import SBUF_BUDGET_BYTES, SBUF_PARTITION_BYTES, mlp_plan, relu2_mlp, sbuf_budget
 
 STUDIES = Path(__file__).resolve().parents[2] / "sweep" / "studies"
 
@@ -62,3 +64,41 @@ def test_nki_mlp_at_every_phase1_width_on_the_strict_stand_in(fake_nki, dim):
     plan = mlp_plan(dim, hidden, dim, 2)
     assert fake_nki.LAST_LAUNCH["lnc"] == 2
     assert 0 < fake_nki.LAST_LAUNCH["peak_sbuf"] <= plan.sbuf_bytes
+
+
+def test_without_nki_the_plan_budgets_the_documented_fallback(monkeypatch):
+    monkeypatch.setattr(_nki, "NKI_AVAILABLE", False)
+    assert _nki.usable_sbuf_bytes() is None and sbuf_budget() == SBUF_BUDGET_BYTES == 192 * 1024
+
+
+def test_the_plan_budgets_nkis_usable_sbuf_figure_and_the_stand_in_gives_trn2s(fake_nki, monkeypatch):
+    """sbuf_fmax_bytes is NKI's usable SBUF per partition; the stand-in reports trn2's 224 KiB and holds to it."""
+    tile = fake_nki.nl.tile_size
+    assert tile.sbuf_fmax_bytes == tile.total_available_sbuf_size == SBUF_PARTITION_BYTES == 224 * 1024
+    assert sbuf_budget() == SBUF_PARTITION_BYTES
+    roomy = mlp_plan(640, 2560, 640, 2)
+    assert roomy.resident  # ~73 KiB with both weights resident
+    monkeypatch.setattr(tile, "sbuf_fmax_bytes", 64 * 1024)  # a smaller chip, or a larger reserve
+    assert sbuf_budget() == 64 * 1024
+    tight = mlp_plan(640, 2560, 640, 2)
+    assert not tight.resident and tight.sbuf_bytes <= 64 * 1024  # the plan follows: weights streamed
+    torch.manual_seed(0)
+    x = torch.randn(130, 640).bfloat16()
+    w_fc, w_proj = (torch.randn(2560, 640) / 640**0.5).bfloat16(), (torch.randn(640, 2560) / 2560**0.5).bfloat16()
+    relu2_mlp(x, w_fc, w_proj, impl="nki")  # the stand-in's ledger holds the same 64 KiB and the plan fits it
+    assert 0 < fake_nki.LAST_LAUNCH["peak_sbuf"] <= tight.sbuf_bytes
+    monkeypatch.setattr(tile, "sbuf_fmax_bytes", 8 * 1024)
+    with pytest.raises(ValueError, match=r"no SBUF plan .* \(budget 8 KiB per partition\)"):
+        relu2_mlp(x, w_fc, w_proj, impl="nki")
+
+
+def test_an_nki_that_cannot_answer_outside_a_kernel_leaves_the_fallback(fake_nki, monkeypatch):
+    class Unanswered:
+        @property
+        def sbuf_fmax_bytes(self):
+            raise RuntimeError("no target outside a kernel")
+
+        total_available_sbuf_size = property(sbuf_fmax_bytes.fget)
+
+    monkeypatch.setattr(fake_nki.nl, "tile_size", Unanswered())
+    assert _nki.usable_sbuf_bytes() is None and sbuf_budget() == SBUF_BUDGET_BYTES

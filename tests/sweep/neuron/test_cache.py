@@ -89,3 +89,33 @@ def test_the_sync_command_is_infras_cli_and_its_failure_is_one_line(tmp_path):
     assert "--min-age-s" in help_text.stdout and "--quiet" in help_text.stdout  # infra's CLI takes these flags
     error = neuron.run_sync(str(tmp_path), str(tmp_path / "other"))  # neither side is s3://
     assert error is not None and "\n" not in error and error.endswith("not an s3:// URL")
+
+
+# -- TorchNeuron's two names for the cache switch -------------------------------------------------------
+
+@pytest.mark.parametrize("var", neuron.NEFF_DISABLE_VARS)
+@pytest.mark.parametrize("value, off", [("1", True), ("TRUE", True), ("yes", True), ("0", False), ("", False)])
+def test_a_trial_that_finds_either_disable_variable_set_says_so_in_one_line(tmp_path, var, value, off):
+    node_env = {"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc"), var: value}
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, "", node_env=node_env)
+    said = plan.attrs.get("compile_cache_disabled", "")
+    assert bool(said) == off and "\n" not in said
+    assert not off or said.startswith(f"{var}={value} ")
+    assert not set(neuron.NEFF_DISABLE_VARS) & set(plan.env)  # the sweep never sets either
+
+
+def test_both_names_are_read_and_trial_env_counts_too(tmp_path):
+    node_env = {"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc"), neuron.NEFF_DISABLE_VAR: "1"}
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {neuron.NEFF_DISABLE_VAR_DOCS: "true"}, "",
+                                      node_env=node_env)
+    assert plan.attrs["compile_cache_disabled"].startswith(
+        "TORCH_NEURONX_NEFF_DISABLE_CACHE=1, TORCH_NEURONX_DISABLE_NEFF_CACHE=true ")
+
+
+def test_a_nearly_full_cache_disk_is_recorded_and_the_cache_stays_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(neuron.trial, "MIN_CACHE_FREE_BYTES", 1 << 62)  # more than any disk here has free
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, "",
+                                      node_env={"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")})
+    said = plan.attrs["compile_cache_error"]
+    assert "GiB free under" in said and "may fill the disk" in said
+    assert not set(neuron.NEFF_DISABLE_VARS) & set(plan.env) and "compile_cache_disabled" not in plan.attrs

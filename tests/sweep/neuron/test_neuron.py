@@ -220,6 +220,11 @@ NEURON_TRIAL = {"budget_s": 4, "eval_timeout_s": 5}
     ({"params.ranks": {"type": "categorical", "choices": [4, 8]}, "trial.resources": {"neuron_cores": 2}},
      "params.ranks", "do not fit"),
     ({"fixed": {**FIXED, "neuron_cc_flags": "--cache_dir=/x"}}, "fixed.neuron_cc_flags", "--cache_dir"),
+    ({"fixed": {**FIXED, "neuron_cc_flags": "--optlevel=1 --lnc=1"}}, "fixed.neuron_cc_flags", "--lnc in the compiler"),
+    ({"fixed": {**FIXED, "neuron_cc_flags": "-lnc 2"}}, "fixed.neuron_cc_flags", "set the lnc parameter"),
+    ({"params.neuron_cc_flags": {"type": "categorical", "choices": ["--optlevel=2", "--logical-nc-config=2"]}},
+     "params.neuron_cc_flags", "--logical-nc-config in the compiler flags"),
+    ({"trial": {**NEURON_TRIAL, "env": {"NEURON_CC_FLAGS": "--lnc 1"}}}, "trial.env.NEURON_CC_FLAGS", "NCC_EVRF066"),
     ({"trial": {**NEURON_TRIAL, "compile_cache": "cache"}}, "trial.compile_cache", "absolute path"),
 ])
 def test_bad_launch_settings_fail_the_spec_in_one_line(tmp_path, change, key, words):

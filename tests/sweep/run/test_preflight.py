@@ -217,6 +217,17 @@ def test_compile_cache_not_used_or_not_hit(node, monkeypatch, mode, message):
     assert message in c.detail and "TORCH_NEURONX_NEFF_CACHE_DIR" in c.fix + c.detail
 
 
+@pytest.mark.parametrize("var", ["TORCH_NEURONX_NEFF_DISABLE_CACHE", "TORCH_NEURONX_DISABLE_NEFF_CACHE"])
+def test_compile_cache_refuses_either_disable_variable_and_its_fix_names_both(node, monkeypatch, var):
+    monkeypatch.setenv(var, "1")
+    c = failed(pf.check_compile_cache, plan(node))
+    assert c.detail == f"{var}=1 is set: TorchNeuron would compile every graph again"
+    assert "TORCH_NEURONX_NEFF_DISABLE_CACHE and TORCH_NEURONX_DISABLE_NEFF_CACHE" in c.fix
+    monkeypatch.delenv(var)
+    monkeypatch.setenv("FAKE_NEURON", "no-hit")  # the no-hit fix names both too
+    assert "TORCH_NEURONX_DISABLE_NEFF_CACHE" in failed(pf.check_compile_cache, plan(node)).fix
+
+
 def test_compile_cache_on_a_local_disk_is_not_shared(node):
     p = plan(node)
     c = failed(pf.check_compile_cache, replace(p, compile_cache=str(node / "fsx")))
