@@ -11,6 +11,13 @@ the TorchNeuron 2.14 Ubuntu 24.04 entry it finds there.
 The Ray launcher cannot read SSM itself, so ``python -m infra render-cluster`` resolves the id once and
 writes it into the cluster config: every node the autoscaler starts later, hours into a sweep, then
 boots the same image (and the same Neuron runtime) as the first, even if AWS publishes a new one.
+
+``latest`` follows AWS's newest release, while sweep/neuron/versions.py pins one (2.34.0 came out on
+2026-11-30 with the pins at 2.33.0; a worker would then pip the pinned wheels over another release's
+venv). :func:`resolve_pinned` therefore checks the image ``latest`` names: each Neuron DLAMI states its
+SDK in its description (Neuron DLAMI user guide), and only ``Neuron SDK <pinned>`` is taken. Where
+``latest`` has moved on, the newest image of the pinned SDK is looked up the way the guide documents it
+(``describe-images`` filtered on name and description); where there is none, one line refuses.
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ import re
 from typing import Any
 
 from infra.aws import BadInput, InfraError, error_code, translate
-from sweep.neuron.versions import DLAMI_NAME, DLAMI_SSM_PARAMETER
+from sweep.neuron.versions import (
+    DLAMI_NAME,
+    DLAMI_OS_NAME,
+    DLAMI_OWNER,
+    DLAMI_SDK_MARK,
+    DLAMI_SSM_PARAMETER,
+    NEURON_SDK,
+)
 
 DEFAULT_SSM_PARAMETER = DLAMI_SSM_PARAMETER
 DLAMI_PATH = "/aws/service/neuron/dlami"
@@ -27,6 +41,7 @@ DLAMI_PATH = "/aws/service/neuron/dlami"
 TORCHNEURON_PARAMETER = re.compile(
     r"/aws/service/neuron/dlami/(?:torch-neuronx|torchneuron|pytorch)-2\.14(?:\.0)?/ubuntu-24\.04/latest/image_id")
 _AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
+_SDK = re.compile(r"Neuron SDK (\d+(?:\.\d+)+)")
 
 
 def resolve(ssm: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
@@ -74,3 +89,58 @@ def check_ami_id(value: str) -> str:
     if not _AMI_ID.fullmatch(value):
         raise BadInput(f"--ami {value!r}: not an AMI id (ami-0123456789abcdef0)")
     return value
+
+
+def sdk_of(description: str) -> str | None:
+    """The Neuron SDK release an AMI's description names ("... Neuron SDK 2.33.0 ..."), or None."""
+    match = _SDK.search(description or "")
+    return match.group(1) if match else None
+
+
+def describe(ec2: Any, image: str) -> dict[str, Any] | None:
+    """describe-images of one id; None when the account cannot see it."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        images = ec2.describe_images(ImageIds=[image]).get("Images", [])
+    except ClientError as e:
+        if error_code(e).startswith("InvalidAMIID"):
+            return None
+        raise translate(e, f"describe-images {image}") from None
+    except BotoCoreError as e:
+        raise translate(e, f"describe-images {image}") from None
+    return images[0] if images else None
+
+
+def pinned_release_image(ec2: Any) -> str | None:
+    """The newest available TorchNeuron DLAMI (Ubuntu 24.04) whose description names the pinned SDK."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    filters = [{"Name": "name", "Values": [f"{DLAMI_NAME}*"]},
+               {"Name": "description", "Values": [f"*{DLAMI_SDK_MARK}*"]}]
+    try:
+        images = ec2.describe_images(Owners=[DLAMI_OWNER], Filters=filters).get("Images", [])
+    except (BotoCoreError, ClientError) as e:
+        raise translate(e, f"describe-images for {DLAMI_NAME}, {DLAMI_SDK_MARK}") from None
+    fits = [i for i in images if DLAMI_OS_NAME in i.get("Name", "") and i.get("State", "available") == "available"
+            and sdk_of(i.get("Description", "")) == NEURON_SDK]
+    return max(fits, key=lambda i: i.get("CreationDate", ""))["ImageId"] if fits else None
+
+
+def resolve_pinned(ssm: Any, ec2: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
+    """The AMI id to boot: the SSM parameter's image if its description names the pinned Neuron SDK, else
+    the newest TorchNeuron DLAMI of that SDK; BadInput in one line when neither exists in the region."""
+    image = resolve(ssm, parameter)
+    info = describe(ec2, image)
+    found = sdk_of(info.get("Description", "")) if info else None
+    if found == NEURON_SDK:
+        return image
+    older = pinned_release_image(ec2)
+    if older is not None:
+        return older
+    seen = (f"{info.get('Name') or 'unnamed'}, {f'Neuron SDK {found}' if found else 'no Neuron SDK'} in its description"
+            if info else "not visible to describe-images")
+    raise BadInput(f"SSM parameter {parameter} resolves to {image} ({seen}), not Neuron {NEURON_SDK} as "
+                   f"sweep/neuron/versions.py pins, and {ec2.meta.region_name} has no {DLAMI_NAME} "
+                   f"({DLAMI_OS_NAME}) image with '{DLAMI_SDK_MARK}' in its description: pass --ami, or move "
+                   "the pins to that release (docs/neuron.md)")

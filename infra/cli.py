@@ -41,7 +41,8 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> N
 
 def cmd_ami(args: argparse.Namespace) -> int:
 
-    print(ami.resolve(aws.client("ssm", _region(args)), args.ssm_parameter))
+    region = _region(args)
+    print(ami.resolve_pinned(aws.client("ssm", region), aws.client("ec2", region), args.ssm_parameter))
     return 0
 
 
@@ -55,7 +56,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         torch_pin=args.torch_pin or cluster.makefile_torch_pin(),
         auth_token=Path(args.auth_token), out_dir=Path(args.out_dir) if args.out_dir else None)
     opts.check()  # flag mistakes before any AWS call
-    image = ami.check_ami_id(args.ami) if args.ami else ami.resolve(aws.client("ssm", region), args.ssm_parameter)
+    image = (ami.check_ami_id(args.ami) if args.ami
+             else ami.resolve_pinned(aws.client("ssm", region), aws.client("ec2", region), args.ssm_parameter))
     if args.zones == "auto":
         types = ([args.head_type] + (["trn2.3xlarge"] if args.max_3xl else [])
                  + (["trn2.48xlarge"] if args.max_48xl else []))
@@ -291,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--json", action="store_true", help="print one JSON object")
         return sp
 
-    sp = add("ami", cmd_ami, "print the Neuron DLAMI id from its public SSM parameter")
+    sp = add("ami", cmd_ami, "print the Neuron DLAMI id from its public SSM parameter, checked against the pinned "
+             "Neuron SDK (an older image of that SDK where `latest` has moved on)")
     sp.add_argument("--ssm-parameter", default=ami.DEFAULT_SSM_PARAMETER, help=f"default {ami.DEFAULT_SSM_PARAMETER}")
 
     sp = add("render-cluster", cmd_render, "render infra/ray/trn2.yaml into runs/aws/CLUSTER/cluster.yaml",

@@ -63,6 +63,12 @@ DLAMI_NAME = "Deep Learning AMI Neuron torch-neuronx 2.14.0"
 DLAMI_OS = "ubuntu-24.04"
 DLAMI_SSM_PARAMETER = f"/aws/service/neuron/dlami/torch-neuronx-2.14.0/{DLAMI_OS}/latest/image_id"  # guess
 DLAMI_VENV = "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"
+# "Each Neuron DLAMI includes the SDK version in its description" (DLAMI guide, with a describe-images
+# filter on "*Neuron SDK 2.32.0*"): how render-cluster checks the image `latest` resolves to against this
+# set, and finds this release's image once `latest` has moved on. The OS in the name is a guess.
+DLAMI_SDK_MARK = f"Neuron SDK {NEURON_SDK}"
+DLAMI_OS_NAME = "Ubuntu 24.04"
+DLAMI_OWNER = "amazon"
 NEURON_TOOLS_BIN = "/opt/aws/neuron/bin"  # neuron-ls, neuron-top, neuron-monitor
 
 # The public index's placeholders: any of these versions means pip never saw AWS's index.

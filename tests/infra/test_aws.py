@@ -18,6 +18,8 @@ moto = pytest.importorskip("moto")
 
 from infra import ami, buckets, iam, network, secrets, sync  # noqa: E402
 from infra.aws import BadInput, InfraError, call, translate  # noqa: E402
+from tests.infra.dlami import image as dlami  # noqa: E402
+from tests.infra.dlami import publish  # noqa: E402
 
 REGION = "us-east-2"
 PASSWORD = "s3cr/t:p@ss%w0rd"
@@ -390,3 +392,48 @@ def test_no_password_in_any_printed_path(tmp_path, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert "s3cr" not in captured.out + captured.err and captured.err.count("\n") == 1
     assert Path(path).exists()
+
+
+# -- AMI pinned to the Neuron SDK of sweep/neuron/versions.py -----------------------------------------
+
+LATEST = "/test/neuron/dlami/ubuntu-24.04/latest/image_id"  # moto reserves /aws/ for AWS itself
+
+
+def _latest(value: str):
+    ssm = boto3.client("ssm", region_name=REGION)
+    ssm.put_parameter(Name=LATEST, Value=value, Type="String")
+    return ssm, boto3.client("ec2", region_name=REGION)
+
+
+def test_latest_is_taken_when_its_description_names_the_pinned_sdk(aws, monkeypatch):
+    from sweep.neuron import versions
+
+    publish(monkeypatch, dlami("ami-0000000000000a330", versions.NEURON_SDK))
+    ssm, ec2 = _latest("ami-0000000000000a330")
+    assert ami.resolve_pinned(ssm, ec2, LATEST) == "ami-0000000000000a330"
+    assert ami.sdk_of("Deep Learning AMI Neuron ... Neuron SDK 2.34.0") == "2.34.0" and ami.sdk_of("none") is None
+
+
+def test_once_latest_moves_to_another_release_the_pinned_releases_newest_image_is_taken(aws, monkeypatch):
+    publish(monkeypatch,
+            dlami("ami-0000000000000a340", "2.34.0", day="20261130"),  # what latest names now
+            dlami("ami-0000000000000a331", "2.33.0", day="20261019"),
+            dlami("ami-0000000000000a332", "2.33.0", day="20261105"),  # the newest 2.33.0 build: this one
+            dlami("ami-0000000000000a326", "2.33.0", day="20261120",
+                  name="Deep Learning AMI Neuron torch-neuronx 2.14.0 (Ubuntu 26.04)"),  # another OS
+            dlami("ami-0000000000000a3f0", "2.33.0", day="20261121", name="Deep Learning AMI Neuron (Ubuntu 24.04)"),
+            dlami("ami-0000000000000a320", "2.32.0", day="20261110"))
+    ssm, ec2 = _latest("ami-0000000000000a340")
+    assert ami.resolve_pinned(ssm, ec2, LATEST) == "ami-0000000000000a332"
+
+
+@pytest.mark.parametrize("latest", ["ami-0000000000000a340", "ami-0000000000000dead"])  # 2.34.0; not visible
+def test_no_image_of_the_pinned_release_is_refused_in_one_line(aws, monkeypatch, latest):
+    publish(monkeypatch, dlami("ami-0000000000000a340", "2.34.0", day="20261130"))
+    ssm, ec2 = _latest(latest)
+    with pytest.raises(BadInput) as e:
+        ami.resolve_pinned(ssm, ec2, LATEST)
+    message = str(e.value)
+    assert "\n" not in message and f"resolves to {latest}" in message and "not Neuron 2.33.0" in message
+    assert ("Neuron SDK 2.34.0 in its description" in message) == latest.endswith("a340")
+    assert "pass --ami" in message

@@ -91,6 +91,10 @@ def test_db_url_from_secrets_manager_redacted(aws, capsys):
 
 
 def test_ami_and_missing_region(aws, capsys, monkeypatch):
+    from sweep.neuron import versions
+    from tests.infra.dlami import image, publish
+
+    publish(monkeypatch, image("ami-0aaaaaaaaaaaaaaaa", versions.NEURON_SDK))
     boto3.client("ssm", region_name=REGION).put_parameter(Name="/t/ami", Value="ami-0aaaaaaaaaaaaaaaa", Type="String")
     code, out, _ = run(capsys, "ami", "--ssm-parameter", "/t/ami")
     assert code == 0 and out.strip() == "ami-0aaaaaaaaaaaaaaaa"

@@ -24,6 +24,8 @@ from infra import cluster, network
 from infra.aws import BadInput, InfraError
 from infra.cli import main
 from sweep.neuron import versions
+from tests.infra.dlami import image as dlami
+from tests.infra.dlami import publish
 
 REGION = "us-east-2"
 AMI = "ami-0123456789abcdef0"
@@ -198,7 +200,8 @@ def test_ray_aws_bootstrap_accepts_the_config(moto_aws, tmp_path):
     assert Path(out["auth"]["ssh_private_key"]).is_file()
 
 
-def test_cli_render(moto_aws, tmp_path, capsys):
+def test_cli_render(moto_aws, tmp_path, capsys, monkeypatch):
+    publish(monkeypatch, dlami(AMI, versions.NEURON_SDK))
     ssm = boto3.client("ssm", region_name=REGION)
     ssm.put_parameter(Name="/test/neuron/image_id", Value=AMI, Type="String")
     token = tmp_path / "tok"
@@ -214,6 +217,28 @@ def test_cli_render(moto_aws, tmp_path, capsys):
     assert yaml.safe_load(Path(data["config"]).read_text())["provider"]["availability_zone"] == "us-east-2a"
     assert main(args + ["--zones", "eu-west-1a"]) == 2
     assert "not zones of us-east-2" in capsys.readouterr().err
+
+
+def test_a_cluster_rendered_after_latest_moved_on_boots_the_pinned_release(moto_aws, tmp_path, capsys, monkeypatch):
+    """SSM's latest names Neuron 2.34.0 while the pins are 2.33.0's: every node type gets the 2.33.0 image's id."""
+    publish(monkeypatch, dlami("ami-0000000000000a340", "2.34.0", day="20261130"),
+            dlami("ami-0000000000000a330", versions.NEURON_SDK, day="20261019"))
+    ssm = boto3.client("ssm", region_name=REGION)
+    ssm.put_parameter(Name="/test/neuron/image_id", Value="ami-0000000000000a340", Type="String")
+    token = tmp_path / "tok"
+    token.write_text("t")
+    args = ["render-cluster", "--ssm-parameter", "/test/neuron/image_id", "--bucket", "b-1", "--auth-token", str(token),
+            "--out-dir", str(tmp_path / "out"), "--zones", "us-east-2a", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    config = yaml.safe_load(Path(data["config"]).read_text())
+    images = {n: t["node_config"]["ImageId"] for n, t in config["available_node_types"].items()}
+    assert data["ami"] == "ami-0000000000000a330" and set(images.values()) == {"ami-0000000000000a330"}
+    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2.deregister_image(ImageId="ami-0000000000000a330")  # no image of the pinned release left: refused
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "ami-0000000000000a340" in err and "Neuron SDK 2.34.0" in err
 
 
 def test_node_scripts_parse():
