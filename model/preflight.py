@@ -90,7 +90,8 @@ def probe_compile(requested: str, salt: float, backend: str = "neuron") -> dict[
     seconds = time.perf_counter() - t0
     want = fn(x.cpu())
     err = float((y.cpu() - want).abs().max())
-    out = {"device": str(device), "seconds": round(seconds, 3), "max_abs_err": err, "salt": salt, "backend": backend}
+    out = {"device": str(device), "seconds": round(seconds, 3), "max_abs_err": err, "salt": salt, "backend": backend,
+           "max_abs_ref": float(want.abs().max())}
     if backend == "inductor":
         from torch._dynamo.utils import counters
 

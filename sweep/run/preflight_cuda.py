@@ -164,7 +164,7 @@ def check_launch(plan: Plan, workdir: Path, kind: str) -> Check:
 
 # -- compile ------------------------------------------------------------------------------------------
 
-COMPILE_TOLERANCE = 1e-3  # inductor's fused sin/square/sum against eager float32, on 128 values
+COMPILE_TOLERANCE = 1e-4  # relative: inductor's fused sin/square/sum of 128 values against eager float32 on the CPU
 
 
 def check_compile(plan: Plan, workdir: Path) -> Check:
@@ -180,7 +180,7 @@ def judge_compile(runs: list[dict[str, Any]], cache: str) -> Check:
     """Both compiled runs match eager; whether the second hit the inductor cache is reported."""
     data = {"runs": runs, "cache_dir": cache}
     for i, r in enumerate(runs):
-        if r["max_abs_err"] > COMPILE_TOLERANCE:
+        if r["max_abs_err"] > COMPILE_TOLERANCE * max(r.get("max_abs_ref") or 0.0, 1.0):
             raise CheckFailed(f"compiled run {i + 1} differs from eager by {r['max_abs_err']:.3g}",
                               "run python -m model.preflight compile --backend inductor by hand", data)
     hit = runs[1].get("cache_hits", 0) > 0

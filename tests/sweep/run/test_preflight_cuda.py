@@ -75,6 +75,7 @@ def gpu_node(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv(pf.REPORT_VAR, str(tmp_path / "report.json"))
     monkeypatch.setenv("SWEEP_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.delenv("FAKE_SMI", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compile workers on this 2-core machine
     monkeypatch.setattr(pc, "THROUGHPUT", TINY)
     monkeypatch.setattr(pc, "THROUGHPUT_SECONDS", 2.0)
     return tmp_path
@@ -224,8 +225,9 @@ def test_ranks_must_each_train_on_their_own_gpu(tmp_path):
 
 
 def test_compile_that_differs_from_eager_fails():
-    runs = [{"device": "cuda:0", "seconds": 9.1, "max_abs_err": 0.0, "cache_hits": 0},
-            {"device": "cuda:0", "seconds": 1.2, "max_abs_err": 0.5, "cache_hits": 1}]
+    runs = [{"device": "cuda:0", "seconds": 9.1, "max_abs_err": 0.0, "max_abs_ref": 300.0, "cache_hits": 0},
+            {"device": "cuda:0", "seconds": 1.2, "max_abs_err": 0.5, "max_abs_ref": 300.0, "cache_hits": 1}]
+    assert pc.judge_compile([runs[0], {**runs[1], "max_abs_err": 0.01}], "/tmp/cache").ok  # 3e-5 of 300
     c = failed(pc.judge_compile, runs, "/tmp/cache")
     assert c.detail == "compiled run 2 differs from eager by 0.5"
     runs[1]["max_abs_err"], runs[1]["cache_hits"] = 0.0, 0
@@ -246,3 +248,13 @@ def test_gpu_monitor_missing_failing_malformed_or_short_of_gpus(gpu_node, monkey
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
     c = failed(pc.check_gpu_monitor, p)
     assert c.detail == "nvidia-smi is not on PATH" and "NVIDIA driver" in c.fix
+
+
+def test_the_gpu_machine_script_refuses_a_node_without_nvidia_smi(tmp_path):
+    if any(Path(d, "nvidia-smi").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("this machine has an nvidia-smi")
+    script = pf.REPO_ROOT / "bench" / "cuda_preflight.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and "nvidia-smi is not on PATH" in proc.stderr
+    assert not (tmp_path / "out" / "install.log").exists()  # it stopped before installing anything
