@@ -29,8 +29,9 @@ make install >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log" >&2; exit
 cuda_build() { "$PY" -c 'import torch; print(torch.version.cuda or "")'; }
 if [ -z "$(cuda_build)" ]; then
     pin=$(sed -n 's/^TORCH_PIN ?= *//p' Makefile)
-    log "the venv's torch is a CPU build; installing $pin from PyPI alone (pip's config files ignored)"
-    PIP_CONFIG_FILE=/dev/null "$PY" -m pip install -q --force-reinstall --index-url https://pypi.org/simple "$pin" \
+    log "the venv's torch is a CPU build; installing $pin from PyPI alone (pip's config files and index variables ignored)"
+    env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+        "$PY" -m pip install -q --force-reinstall --index-url https://pypi.org/simple "$pin" \
         >>"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log" >&2; exit 2; }
 fi
 build=$(cuda_build)

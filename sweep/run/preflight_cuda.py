@@ -56,8 +56,13 @@ SMI_CODES = {2: "a supplied argument or flag is invalid", 3: "the operation is n
              8: "a device's external power cables are not attached", 9: "the NVIDIA driver is not loaded",
              10: "the kernel detected an interrupt issue with a GPU", 12: "the NVML library could not be loaded",
              14: "an infoROM is corrupted", 15: "a GPU has fallen off the bus", 255: "other or internal driver error"}
-TORCH_FIX = ("install a CUDA build of torch: .venv/bin/pip install --force-reinstall torch==<the Makefile's "
-             "TORCH_PIN> from PyPI, which serves the CUDA wheel on Linux x86_64 (no local CPU wheel in the way)")
+
+
+def torch_fix(version: str) -> str:
+    """Reinstall the same torch from PyPI, whose Linux x86_64 wheel is the CUDA build (bench/cuda_preflight.sh)."""
+    pin = f"torch=={str(version).split('+')[0]}"
+    return (f"reinstall {pin} from PyPI alone, which serves the CUDA build on Linux x86_64: PIP_CONFIG_FILE=/dev/null "
+            f".venv/bin/pip install --force-reinstall --index-url https://pypi.org/simple '{pin}'")
 
 
 def wanted(plan: Plan, node: str | None, env: Mapping[str, str] | None = None) -> bool:
@@ -83,11 +88,11 @@ def judge_versions(info: Mapping[str, Any], plan: Plan) -> Check:
         return Check("versions", True, f"torch {info.get('torch')} on the {info.get('kind')} path (no CUDA build "
                      "needed)", data=data)
     if not info.get("cuda_build"):
-        raise CheckFailed(f"torch {info.get('torch')} is a CPU-only build (torch.version.cuda is None)", TORCH_FIX,
-                          data)
+        raise CheckFailed(f"torch {info.get('torch')} is a CPU-only build (torch.version.cuda is None)",
+                          torch_fix(info.get("torch", "")), data)
     if plan.ranks > 1 and not info.get("nccl"):
         raise CheckFailed(f"torch {info.get('torch')} has no NCCL: the spec's {plan.ranks} ranks cannot form their "
-                          "process group (nccl)", TORCH_FIX, data)
+                          "process group (nccl)", torch_fix(info.get("torch", "")), data)
     return Check("versions", True, f"torch {info['torch']}, CUDA {info['cuda_build']}, NCCL {info.get('nccl')}, "
                  f"cuDNN {info.get('cudnn')}", data=data)
 

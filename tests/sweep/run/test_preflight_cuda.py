@@ -189,7 +189,7 @@ def test_versions_refuse_a_cpu_only_torch_and_one_without_nccl(tmp_path, cuda_he
     assert cuda_here["kind"] == "cuda" and cuda_here["cuda_build"] is None  # this machine's CPU wheel
     c = failed(pc.judge_versions, cuda_here, plan(tmp_path))
     assert c.detail == f"torch {cuda_here['torch']} is a CPU-only build (torch.version.cuda is None)"
-    assert "PyPI" in c.fix and "CUDA" in c.fix
+    assert "PyPI" in c.fix and "CUDA" in c.fix and f"'torch=={cuda_here['torch'].split('+')[0]}'" in c.fix
     built = {**cuda_here, "cuda_build": "12.8", "nccl": None}
     assert "has no NCCL" in failed(pc.judge_versions, built, plan(tmp_path)).detail
     assert pc.judge_versions(built, plan(tmp_path, ranks=1)).ok  # one rank needs no process group
