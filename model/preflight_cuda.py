@@ -42,7 +42,8 @@ def probe_gpu(requested: str) -> dict[str, Any]:
                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                            "device_count": 0, "devices": []}
     if torch.distributed.is_available() and torch.distributed.is_nccl_available():
-        out["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        version = torch.cuda.nccl.version()  # a tuple (2, 27, 3); an int in older releases
+        out["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     if kind == "cuda" and out["cuda_available"]:
         out["cudnn"] = torch.backends.cudnn.version()
         out["device_count"] = torch.cuda.device_count()
