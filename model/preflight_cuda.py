@@ -80,7 +80,10 @@ def probe_throughput(requested: str, seconds: float, shape: dict[str, int], comp
     rt = devices.setup(requested)
     try:
         resolve_batch(cfg, rt.world_size)
-        result = train.train(cfg, rt, train.Events(False, False), None)
+        try:
+            result = train.train(cfg, rt, train.Events(False, False), None)
+        except (MemoryError, torch.OutOfMemoryError) as e:  # as model.train.main records it: the sweep names the fix
+            result = {"status": "failed", "reason": f"out of memory: {(str(e).splitlines() or ['MemoryError'])[0]}"}
         name, peak = _device_name(rt), rt.peak_flops()
     finally:
         devices.teardown()
