@@ -45,7 +45,8 @@ sweep: $(STAMP)
 	$(PY) -m infra with-db -- $(PY) -m sweep run $(STUDY)
 
 # Prove this trn2 node in a few minutes before a study spends anything (docs/neuron.md, "Preflight"):
-# make preflight STUDY=phase1. Exit 1 names the first failed check and its fix.
+# make preflight STUDY=phase1. Exit 1 names the first failed check and its fix. Where the spec trains on
+# CUDA (make preflight STUDY=cuda-probe on a GPU node) the CUDA set runs instead, with a throughput probe.
 preflight: $(STAMP)
 	$(PY) -m sweep preflight $(STUDY)
 

@@ -3,6 +3,8 @@
     python -m model.preflight device
     python -m model.preflight compile --device neuron --salt 0.7311
     python -m model.preflight kernels --device neuron --widths 512,1024 --mlp-ratio 4 --vocab 8192
+    python -m model.preflight gpu --device cuda
+    python -m model.preflight throughput --device cuda --seconds 60 --json
 
 The sweep imports no torch, so it runs these in child processes and judges what they print:
 
@@ -12,6 +14,8 @@ The sweep imports no torch, so it runs these in child processes and judges what 
 - ``compile``: one small function through ``torch.compile(backend="neuron")``, with ``salt`` baked into the
   graph as a constant so that a fresh salt is a fresh graph; the sweep runs it twice with one salt and
   reads the NEFF cache directory before and after each run (the second must add nothing: a cache hit).
+  ``--backend inductor`` (a CUDA node) compiles with PyTorch's own compiler instead and counts its FX graph
+  and AOTAutograd cache hits and misses (the sweep points ``TORCHINDUCTOR_CACHE_DIR`` at a fresh directory).
 - ``kernels``: each fused op through ``kernels.ops.get_ops("nki")`` on bf16 tensors on the device, forward and
   input gradients, against the PyTorch op in float32 on the CPU from the same bf16 inputs; the error is
   max |nki - reference| / max |reference| and must be at most ``--tol``. Each op runs twice: eager, and under
@@ -19,6 +23,8 @@ The sweep imports no torch, so it runs these in child processes and judges what 
   op to the compiler; ``aot_eager`` elsewhere, which traces the op with FakeTensors the same way). A width the
   kernel's buffer plan refuses (its one-line ValueError, after which the trainer uses the PyTorch op) is recorded
   as refused.
+
+- ``gpu`` and ``throughput``: a CUDA node's (model.preflight_cuda).
 
 A probe that cannot even start still prints its line (``"error"``) and exits 0; the sweep names the failure.
 """
@@ -36,6 +42,7 @@ from typing import Any
 import torch
 
 from kernels.neuron import neuron_available
+from model.preflight_cuda import BASELINE, DEFAULT_SECONDS, probe_gpu, probe_throughput, summary
 
 DEFAULT_TOL = 2e-2  # bf16 keeps 8 bits of mantissa (2^-8 = 0.4%); a few roundings of sums stay well below 2%
 KERNEL_ROWS = 256  # two 128-row partition tiles, so both LNC-2 halves get rows
@@ -51,6 +58,8 @@ def _device(requested: str) -> torch.device:
 def _sync(device: torch.device) -> None:
     if device.type == "neuron":
         torch.neuron.synchronize()
+    elif device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def probe_device() -> dict[str, Any]:
@@ -66,15 +75,17 @@ def probe_device() -> dict[str, Any]:
     return out
 
 
-def probe_compile(requested: str, salt: float) -> dict[str, Any]:
-    """Compile and run one salted graph with the neuron backend; the sweep reads the cache around it."""
+def probe_compile(requested: str, salt: float, backend: str = "neuron") -> dict[str, Any]:
+    """Compile and run one salted graph with ``backend``; the sweep reads the cache around it."""
     neuron_available()  # loads torch_neuronx where torch did not autoload it: it registers the backend
     device = _device(requested)
+    if device.type == "cuda":
+        device = torch.device("cuda", 0)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return (torch.sin(x * salt) + x).square().sum(dim=-1)
 
-    compiled = torch.compile(fn, backend="neuron", fullgraph=True)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
     x = torch.linspace(-1.0, 1.0, 512, dtype=torch.float32).reshape(4, 128).to(device)
     t0 = time.perf_counter()
     y = compiled(x)
@@ -82,7 +93,14 @@ def probe_compile(requested: str, salt: float) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     want = fn(x.cpu())
     err = float((y.cpu() - want).abs().max())
-    return {"device": str(device), "seconds": round(seconds, 3), "max_abs_err": err, "salt": salt}
+    out = {"device": str(device), "seconds": round(seconds, 3), "max_abs_err": err, "salt": salt, "backend": backend,
+           "max_abs_ref": float(want.abs().max())}
+    if backend == "inductor":
+        from torch._dynamo.utils import counters
+
+        out["cache_hits"] = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+        out["cache_misses"] = counters["inductor"]["fxgraph_cache_miss"]
+    return out
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -170,6 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile")
     c.add_argument("--device", default="auto")
     c.add_argument("--salt", type=float, required=True)
+    c.add_argument("--backend", choices=("neuron", "inductor"), default="neuron")
+    sub.add_parser("gpu").add_argument("--device", default="auto")
+    t = sub.add_parser("throughput", help="the trainer at the phase-1 baseline shape for --seconds")
+    t.add_argument("--device", default="auto")
+    t.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="charged training seconds")
+    for key, value in BASELINE.items():
+        t.add_argument("--" + key.replace("_", "-"), type=int, default=value)
+    t.add_argument("--no-compile", dest="compile", action="store_false", help="eager (compiled by default)")
+    t.add_argument("--data", default="", help="the trainer's data (default: the demo corpus)")
+    t.add_argument("--json", action="store_true", help="only the JSON line (else a summary line first)")
     k = sub.add_parser("kernels")
     k.add_argument("--device", default="auto")
     k.add_argument("--widths", default="512", help="comma-separated model widths")
@@ -182,12 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.probe == "device":
             out = probe_device()
         elif args.probe == "compile":
-            out = probe_compile(args.device, args.salt)
+            out = probe_compile(args.device, args.salt, args.backend)
+        elif args.probe == "gpu":
+            out = probe_gpu(args.device)
+        elif args.probe == "throughput":
+            shape = {k: getattr(args, k) for k in BASELINE}
+            out = probe_throughput(args.device, args.seconds, shape, args.compile, args.data)
         else:
             widths = [int(w) for w in args.widths.split(",") if w.strip()]
             out = probe_kernels(args.device, widths, args.mlp_ratio, args.vocab, args.softcap, args.tol)
     except Exception as e:  # the sweep reports it as the check's failure, with this line
         out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"}
+    if args.probe == "throughput" and not args.json:
+        print(summary(out), flush=True)
     print(json.dumps(out), flush=True)
     return 0
 

@@ -7,7 +7,9 @@ The sweep's preflight launches this instead of ``model.train`` through the trial
 whatever it does before torch loads happens as in a trial; then the Neuron backend is asked whether it is
 here (loading torch-neuronx, which checks the process's cores as it does in a trial) and the trainer runs.
 When ``TRNSWEEP_PREFLIGHT_RANKS`` names a directory, each rank writes ``rank-RANK.json`` there: its rank,
-``NEURON_RT_VISIBLE_CORES`` at start and after training, the backend's current device and the exit code.
+``NEURON_RT_VISIBLE_CORES`` at start and after training, the backend's current device and the exit code;
+on a CUDA node also the GPU the rank trained on (``torch.cuda.current_device()``, which the trainer set to
+``cuda:LOCAL_RANK``) and ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             report["current_device"] = int(neuron.current_device())
         except Exception as e:  # recorded; the sweep judges the cores it sees
             report["current_device_error"] = f"{type(e).__name__}: {e}"[:300]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # a CUDA node: which GPU this rank used
+        report.update(cuda_device=int(torch.cuda.current_device()),
+                      cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     if directory:
         _write(directory, report)
     return code

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from sweep import dashboard
 from sweep import store as st
-from sweep.run import precompile, preflight
+from sweep.run import precompile, preflight, preflight_cuda
 from sweep.run.adhoc import run_adhoc
 from sweep.run.driver import Driver, SweepAborted
 from sweep.ship import export, promote, replay
@@ -156,7 +156,7 @@ COMMANDS: dict[str, Callable[[StudySpec, str, argparse.Namespace, TextIO], int]]
     "best": _best,
     "trial": run_adhoc,
     "precompile": precompile.main,
-    "preflight": preflight.main,
+    "preflight": preflight_cuda.main,  # the Neuron set, or the CUDA set where the spec trains on CUDA
     "replay": replay.main,
     "promote": promote.main,
     "export": export.main,

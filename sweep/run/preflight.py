@@ -31,6 +31,9 @@ passes. Checks that need the device are skipped (and fail) when ``versions`` or 
 ``trainer.log``) stay in ``preflight-work/`` beside it until the next run. The cluster's workers run this before
 ``ray start``, so a node that fails a required check never joins (infra/ray/trn2.yaml).
 
+Where the spec's trials train on CUDA, :mod:`sweep.run.preflight_cuda`'s set runs instead, through the same
+``run_checks`` and report (``--node neuron|cuda`` overrides the spec; the CLI calls its ``main``).
+
 Long file: the eight checks, each with the one-line failures and fixes a node's operator reads, stay
 together with the plan they share and the report the kernels read, so the whole contract is one page.
 """
@@ -240,21 +243,26 @@ def _launch_task(plan: Plan, work: Path, ranks_dir: Path) -> TrialTask:
                      compile_cache=plan.compile_cache, artifact_dir=str(work))
 
 
-def check_launch(plan: Plan, workdir: Path) -> Check:
-    ranks_dir = workdir / "ranks"
-    ranks_dir.mkdir(parents=True, exist_ok=True)
-    task = _launch_task(plan, workdir / "trial", ranks_dir)
+def run_launch(task: TrialTask, ranks_dir: Path) -> tuple[Any, dict[str, Any], dict[int, dict[str, Any]]]:
+    """The tiny trial through the supervisor: its outcome, launch attributes and each rank's report."""
     sup = Supervisor(task)
     try:
         out = sup.run()
     finally:
         sup.close()
-    attrs = sup.launch_attrs
-    plan_cores = neuron.parse_cores(attrs["neuron_rank_cores"]) if attrs.get("neuron_rank_cores") else []
     reports = {}
     for f in sorted(ranks_dir.glob("rank-*.json")):
         r = json.loads(f.read_text())
         reports[int(r["rank"])] = r
+    return out, sup.launch_attrs, reports
+
+
+def check_launch(plan: Plan, workdir: Path) -> Check:
+    ranks_dir = workdir / "ranks"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    task = _launch_task(plan, workdir / "trial", ranks_dir)
+    out, attrs, reports = run_launch(task, ranks_dir)
+    plan_cores = neuron.parse_cores(attrs["neuron_rank_cores"]) if attrs.get("neuron_rank_cores") else []
     data: dict[str, Any] = {"state": out.state, "plan": attrs.get("neuron_rank_cores"), "ranks": [
         {"rank": r["rank"], "cores": r.get("cores", r.get("cores_at_start")), "exit": r.get("exit")}
         for r in reports.values()]}
@@ -502,9 +510,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("study", nargs="?", default="phase1", help="NAME or spec path (default phase1)")
     p.add_argument("--lnc", type=int, choices=neuron.LNC_VALUES, default=None,
                    help="the LNC to check where the spec searches several")
+    p.add_argument("--node", choices=("neuron", "cuda"), default=None,
+                   help="the check set (default: the spec's device decides; see sweep.run.preflight_cuda)")
 
 
-def main(spec: Any, url: str | None, args: argparse.Namespace, out: TextIO) -> int:
+CheckSet = Callable[[Plan, Path], "tuple[str, Mapping[str, Callable[[], Check]]] | None"]
+
+
+def main(spec: Any, url: str | None, args: argparse.Namespace, out: TextIO, check_set: CheckSet | None = None) -> int:
+    """The command; ``check_set`` may name and supply another set of checks for the plan (preflight_cuda's)."""
     from sweep.study import UsageError
 
     try:
@@ -516,8 +530,9 @@ def main(spec: Any, url: str | None, args: argparse.Namespace, out: TextIO) -> i
     workdir = path.parent / "preflight-work"  # the launch's trainer.log stays here for the fix to point at
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    checks = run_checks(plan, workdir)
-    report = report_of(plan, checks, time.monotonic() - t0)
+    chosen = check_set(plan, workdir) if check_set is not None else None  # None: the Neuron set
+    checks = run_checks(plan, workdir, chosen[1] if chosen else None)
+    report = {**report_of(plan, checks, time.monotonic() - t0), "check_set": chosen[0] if chosen else "neuron"}
     write_report(report, path)
     print_table(checks, out)
     print(json.dumps(report, default=str), file=out, flush=True)
