@@ -234,7 +234,6 @@ class ScriptRun:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        script, kit = prepare_workdir(cfg, self.budget_s, self.out_dir / "script")
         record: dict[str, Any] = {"script": cfg["script"], "script_sha256": sha256(Path(cfg["script"])),
                                   "constants": cfg.get("constants", {}), "budget_s": self.budget_s,
                                   "world_size": self.ranks, "config": cfg}
@@ -246,10 +245,11 @@ class ScriptRun:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.emit({"event": "start", "script": cfg["script"], "script_sha256": record["script_sha256"],
                    "budget_s": self.budget_s, "ranks": self.ranks})
-        if kit is not None and cfg.get("kit_setup"):
+        if cfg.get("kit") and cfg.get("kit_setup"):  # first: the kit folder's entries are linked once they exist
             why = kit_setup(Path(cfg["kit"]).resolve())
             if why:
                 return {**record, "status": "failed", "val_bpb": None, "reason": why}
+        script, kit = prepare_workdir(cfg, self.budget_s, self.out_dir / "script")
         self._last_step_event = 0.0
         started = time.monotonic()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

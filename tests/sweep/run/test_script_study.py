@@ -12,12 +12,16 @@ import ast
 import hashlib
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from model.script import source
 from sweep.run.supervisor import Reporter, TrialTask
+from tests.kit_standin import prepare_text
 from tests.sweep.run.test_supervisor import supervise
 from tests.sweep_fixtures import ROOT, load_trials, run_sweep, sweep_env, write_spec
 
@@ -151,3 +155,22 @@ def test_a_crashing_script_is_failed_with_its_last_error_line(tmp_path, standin_
     out = supervise(script_task(tmp_path, standin_kit, broken, budget_s=5))
     assert out.state == "FAIL" and out.fail_kind == "failed", out
     assert out.reason == "trainer failed: ValueError: the team broke it"
+
+
+def test_kit_setup_runs_once_before_any_trial_links_the_kits_data(tmp_path, standin_kit):
+    # A kit folder as a team has it before `python prepare.py`: no tokenizer yet. Two trials start at once.
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "prepare.py").write_text(prepare_text(VOCAB_SIZE=512, EVAL_TOKENS=4 * 2048))
+    shutil.copytree(standin_kit / "data", kit / "data")
+    config = json.dumps({"script": str(SCRIPT), "kit": str(kit / "prepare.py"), "kit_setup": True,
+                         "constants": {"NUM_THREADS": 1, "BATCH_SIZE": 4, "SEQ_LEN": 32}})
+    procs = [subprocess.Popen([sys.executable, "-m", "model.script.run", "--config", config, "--budget-s", "2",
+                               "--json", "--out-dir", str(tmp_path / f"t{i}")], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        record = json.loads(out.strip().splitlines()[-1])
+        assert p.returncode == 0 and record["status"] == "ok", err[-2000:]
+    assert (kit / "tokenizer" / "tokenizer.pkl").is_file() and (kit / ".kit-ready").is_file()
+    assert (tmp_path / "t0" / "script" / "tokenizer").resolve() == (kit / "tokenizer").resolve()
