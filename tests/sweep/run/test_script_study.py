@@ -157,20 +157,41 @@ def test_a_crashing_script_is_failed_with_its_last_error_line(tmp_path, standin_
     assert out.reason == "trainer failed: ValueError: the team broke it"
 
 
-def test_kit_setup_runs_once_before_any_trial_links_the_kits_data(tmp_path, standin_kit):
-    # A kit folder as a team has it before `python prepare.py`: no tokenizer yet. Two trials start at once.
+SCORE = """
+import json, sys
+from pathlib import Path
+from model.script.run import evaluate_checkpoint
+work = Path(sys.argv[1])
+print(json.dumps(evaluate_checkpoint(work / "train.py", work / "prepare.py", work / "out" / "final.pt", 4, "cpu")))
+"""
+
+
+def test_kit_setup_runs_once_and_the_kit_scores_a_script_that_does_not_evaluate(tmp_path, standin_kit):
+    # A kit folder as a team has it before `python prepare.py`: no tokenizer yet. Two trials start at once,
+    # the second of a script that leaves val_bpb to the evaluator (EVALUATE = False).
     kit = tmp_path / "kit"
     kit.mkdir()
     (kit / "prepare.py").write_text(prepare_text(VOCAB_SIZE=512, EVAL_TOKENS=4 * 2048))
     shutil.copytree(standin_kit / "data", kit / "data")
-    config = json.dumps({"script": str(SCRIPT), "kit": str(kit / "prepare.py"), "kit_setup": True,
-                         "constants": {"NUM_THREADS": 1, "BATCH_SIZE": 4, "SEQ_LEN": 32}})
-    procs = [subprocess.Popen([sys.executable, "-m", "model.script.run", "--config", config, "--budget-s", "2",
-                               "--json", "--out-dir", str(tmp_path / f"t{i}")], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    records = []
+    procs = []
+    for i, evaluate in enumerate((True, False)):
+        config = json.dumps({"script": str(SCRIPT), "kit": str(kit / "prepare.py"), "kit_setup": True,
+                             "eval_batch_size": 4, "constants": {"NUM_THREADS": 1, "BATCH_SIZE": 4, "SEQ_LEN": 32,
+                                                                 "EVALUATE": evaluate}})
+        procs.append(subprocess.Popen([sys.executable, "-m", "model.script.run", "--config", config, "--budget-s",
+                                       "2", "--json", "--out-dir", str(tmp_path / f"t{i}")], cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:
         out, err = p.communicate(timeout=240)
-        record = json.loads(out.strip().splitlines()[-1])
-        assert p.returncode == 0 and record["status"] == "ok", err[-2000:]
+        records.append(json.loads(out.strip().splitlines()[-1]))
+        assert p.returncode == 0 and records[-1]["status"] == "ok", err[-2000:]
     assert (kit / "tokenizer" / "tokenizer.pkl").is_file() and (kit / ".kit-ready").is_file()
     assert (tmp_path / "t0" / "script" / "tokenizer").resolve() == (kit / "tokenizer").resolve()
+    assert [r["val_bpb_source"] for r in records] == ["summary", "kit"]
+    assert "val_bpb" not in records[1]["summary"] and 1 < records[1]["val_bpb"] < 20
+    # The adapter's own scoring (load_for_eval, then the kit's evaluate_bpb) gives the script's own figure.
+    proc = subprocess.run([sys.executable, "-c", SCORE, str(tmp_path / "t0" / "script")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == pytest.approx(records[0]["val_bpb"], abs=1e-6)
