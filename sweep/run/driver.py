@@ -436,6 +436,14 @@ class Driver:
             seeded = type(sampler)(sampler.name, {**sampler.options, "seed": sampler.options["seed"] + number})
             self.study.sampler = build_sampler(seeded)
 
+    @property
+    def _curve_label(self) -> str:
+        """What the intermediate values are: val_bpb for our trainer, a script's own figure otherwise."""
+        script = self.spec.script
+        if script is None:
+            return "val_bpb"
+        return "val" if script.output.get("val") else "train_loss_smoothed"
+
     def _script_attrs(self) -> dict[str, str]:
         """A study of a script records the script it ran with every trial (sweep.spec.script)."""
         script = self.spec.script
@@ -696,7 +704,7 @@ class Driver:
         for step, value in obj.curve_points(t, self.spec.objective):
             if step not in slot.reported and step != round(self.spec.budget_s):
                 slot.reported.add(step)
-                self.say(printing.report_line(slot.number, step, value))
+                self.say(printing.report_line(slot.number, step, value, self._curve_label))
 
     def progress(self, force: bool = False) -> None:
         if self.own_only:
