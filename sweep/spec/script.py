@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,12 @@ def read(r: SpecReader, trial: Mapping[str, Any], params_t: Mapping[str, Any], s
     if not isinstance(kit_setup, bool) or (kit_setup and kit is None):
         raise r.error("trial.kit_setup", "must be true or false, and true only with trial.kit")
     output = r.table(trial.get("output", {}), "trial.output", set(OUTPUT_PATTERNS))
-    if any(not isinstance(v, str) for v in output.values()):
-        raise r.error("trial.output", "each pattern must be a regular expression string")
+    for k, v in output.items():
+        try:
+            if not isinstance(v, str) or (v and k != "fail" and re.compile(v).groups < 1):
+                raise r.error(f"trial.output.{k}", "must be a regular expression with a group around the figure")
+        except re.error as e:
+            raise r.error(f"trial.output.{k}", f"not a regular expression: {e}") from None
     kit_constants = r.table(trial.get("kit_constants", {}), "trial.kit_constants", None)
     constants = {}
     for name, raw in params_t.items():

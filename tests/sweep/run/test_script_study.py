@@ -195,3 +195,20 @@ def test_kit_setup_runs_once_and_the_kit_scores_a_script_that_does_not_evaluate(
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout) == pytest.approx(records[0]["val_bpb"], abs=1e-6)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"trial": {"output": {"loss": "loss("}}}, "trial.output.loss: not a regular expression"),
+    ({"trial": {"output": {"progress": "[0-9]+%"}}}, "trial.output.progress: must be a regular expression with a"),
+    ({"trial": {"trainer": "model.train"}}, "trial.trainer: a study of a script runs model.script.run"),
+    ({"pruner": {"name": "learning_curve"}}, "pruner.name: the learning_curve pruner models our trainer's schedules"),
+])
+def test_a_script_studys_own_keys_are_checked_when_the_spec_loads(standin_kit, tmp_path, change, words):
+    from sweep.spec import studyspec
+    from sweep.spec.files import SpecError
+
+    s = sections(standin_kit)
+    for table, values in change.items():
+        s[table] = {**s[table], **values}
+    with pytest.raises(SpecError, match=re.escape(words)):
+        studyspec.load(write_spec(tmp_path, "scripted", s))
