@@ -81,9 +81,11 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Caches only: every study (runs/optuna-journal.log) and artifact (runs/artifacts/) stays.
+# Caches only: every study (runs/optuna-journal.log) and artifact (runs/artifacts/) stays. The worked example's
+# kit data (sweep/studies/script-demo/data, tokenizer: its `python prepare.py`) is a cache too.
 clean:
 	rm -rf .pytest_cache .ruff_cache .hypothesis runs/cache runs/scratch
+	rm -rf sweep/studies/*/data sweep/studies/*/tokenizer sweep/studies/*/.kit-ready*
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Everything under runs/ but the cluster configs (runs/aws/, which `ray down` needs): the embedded study store,

@@ -205,6 +205,11 @@ def file_lines(t: Any, spec: StudySpec, indent: str = "  ") -> list[str]:
         lines.append(f"{indent}result:     {found['record']}")
     if "dir" in found:
         lines.append(f"{indent}files:      {found['dir']} (config.json, trainer.log, events.jsonl, ...)")
+        if spec.script is not None:  # a study of a script: the script as this trial ran it
+            constants = t.user_attrs.get("constants") or {}
+            set_to = " ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
+            lines.append(f"{indent}script:     {Path(found['dir']) / 'script' / spec.script.script.name}"
+                         + (f" ({set_to})" if set_to else ""))
     return lines
 
 

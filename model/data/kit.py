@@ -1,7 +1,8 @@
 """Adapter for the competition kit's `prepare.py`, so a sweep can measure exactly what the leaderboard does.
 
-The kit is not public; its closest public relative is autoresearch's prepare.py (tests/kit_standin has a
-stand-in written to its interface and semantics). What this adapter uses, and assumes no more of:
+The kit is not public; its closest public relative is autoresearch's prepare.py (a stand-in written to its
+interface and semantics is sweep/studies/script-demo/prepare.py; tests/kit_standin builds copies of it).
+What this adapter uses, and assumes no more of:
 - a tokenizer: `get_tokenizer()` if defined, else `Tokenizer.from_directory()`; its methods
   get_vocab_size(), get_bos_token_id(), encode(str | list[str]) and decode(ids);
 - `make_dataloader(tokenizer, B, T, split, ...)`, split "train" or "val": an endless iterator of

@@ -4,7 +4,8 @@ torchrun gives every rank the same environment, but TorchNeuron wants exactly on
 each process of a distributed run. The supervisor therefore runs ``torchrun ... -m sweep.neuron.rank
 model.train ARGS``: this module sets ``NEURON_RT_VISIBLE_CORES`` to the rank's entry of
 ``TRNSWEEP_RANK_CORES`` (:func:`sweep.neuron.launch.rank_env`) before torch or torch-neuronx is imported,
-then runs the trainer module as ``__main__``. Importing it pulls in no torch.
+then runs the trainer module as ``__main__`` (or, for a path ending in ``.py``, a team's script:
+``model.script.run``'s torchrun). Importing it pulls in no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, *rest = args
     sys.argv = [module, *rest]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    if module.endswith(".py"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(module)))
+        runpy.run_path(module, run_name="__main__")
+    else:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
 
 

@@ -436,11 +436,24 @@ class Driver:
             seeded = type(sampler)(sampler.name, {**sampler.options, "seed": sampler.options["seed"] + number})
             self.study.sampler = build_sampler(seeded)
 
+    @property
+    def _curve_label(self) -> str:
+        """What the intermediate values are: val_bpb for our trainer, a script's own figure otherwise."""
+        script = self.spec.script
+        if script is None:
+            return "val_bpb"
+        return "val" if script.output.get("val") else "train_loss_smoothed"
+
+    def _script_attrs(self) -> dict[str, str]:
+        """A study of a script records the script it ran with every trial (sweep.spec.script)."""
+        script = self.spec.script
+        return {} if script is None else {"script_sha256": script.sha256, "script_path": str(script.script)}
+
     def submit(self, number: int, trial_id: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
         import ray
 
         spec = self.spec
-        config = {**spec.space.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
+        config = {**spec.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
         # An ad-hoc trial runs to its end unless asked (--prunable); one with its own budget always does, since
         # the pruner's rungs belong to the spec's budget.
@@ -452,9 +465,11 @@ class Driver:
             study=spec.name, storage_url=self.worker_url, number=number, trial_id=trial_id, params=params,
             config=config, budget_s=budget_s, deadline_s=spec.deadline_s - spec.budget_s + budget_s,
             eval_fractions=spec.eval_fractions, ranks=spec.ranks, trainer=spec.trainer,
+            launches_ranks=spec.script is not None,
             stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s, env=dict(spec.env), pruner=pruner,
             artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
-            attrs={ATTR_SPEC_HASH: self.spec_hash}, compile_cache=spec.compile_cache, objective=spec.objective,
+            attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs()}, compile_cache=spec.compile_cache,
+            objective=spec.objective,
         )
         if self._remote is None:
             self._remote = ray.remote(run_trial_task)
@@ -689,7 +704,7 @@ class Driver:
         for step, value in obj.curve_points(t, self.spec.objective):
             if step not in slot.reported and step != round(self.spec.budget_s):
                 slot.reported.add(step)
-                self.say(printing.report_line(slot.number, step, value))
+                self.say(printing.report_line(slot.number, step, value, self._curve_label))
 
     def progress(self, force: bool = False) -> None:
         if self.own_only:

@@ -69,8 +69,9 @@ def started_line(number: int, params: dict[str, Any], user_attrs: dict[str, Any]
     return f"trial {number} started{note}: {fmt_params(params)}"
 
 
-def report_line(number: int, step: int, value: float) -> str:
-    return f"trial {number}: t={step}s val_bpb={value:.4f}"
+def report_line(number: int, step: int, value: float, label: str = "val_bpb") -> str:
+    """One intermediate value; ``label`` says what it is (a script's curve is its own: sweep.spec.script)."""
+    return f"trial {number}: t={step}s {label}={value:.4f}"
 
 
 def outcome_line(number: int, r: dict[str, Any], objective: obj.Objective) -> str:

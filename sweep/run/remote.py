@@ -174,6 +174,8 @@ def upload_artifacts(study: Any, trial: Any, task: TrialTask, out: Outcome, work
         body = out.record if out.record is not None else {k: v for k, v in out.as_dict().items() if k != "record"}
         result.write_text(json.dumps(body, indent=1, default=str) + "\n")
         files = [work / "config.json", work / "trainer.log", work / "events.jsonl", result]
+        # A script's trial: the script as it ran (its constants rewritten) and the kit's copy (model.script.run).
+        files += sorted(p for p in (work / "script").glob("*.py") if p.is_file() and not p.is_symlink())
         if out.state == "COMPLETE" and keeps_checkpoint(study, task.objective, out):
             files.append(work / "final.pt")
         store = artifacts.open_store(task.artifact_store)

@@ -69,6 +69,7 @@ class TrialTask:
     eval_fractions: tuple[float, ...]
     ranks: int = 1
     trainer: str = "model.train"
+    launches_ranks: bool = False  # the trainer starts its own torchrun (a script's, model.script.run): one process here
     stop_grace_s: float = 30.0
     heartbeat_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
@@ -102,6 +103,9 @@ def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: s
     """
     python = python or sys.executable
     args = ["--config", str(config_path), "--budget-s", f"{task.budget_s:g}", "--json", "--out-dir", str(out_dir)]
+    if task.launches_ranks:
+        first = ["--rank-module", rank_module] if rank_module and task.ranks > 1 else []
+        return [python, "-m", task.trainer, *args, "--ranks", str(task.ranks), *first]
     if task.ranks > 1:
         entry = [rank_module, task.trainer] if rank_module else [task.trainer]
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(task.ranks),

@@ -1,6 +1,7 @@
 """``python -m sweep export NAME [--trial N] --out DIR``: a trial as the competition takes it.
 
-Writes four files into DIR:
+Writes four files into DIR (a study of a team's script: its ``train.py`` with the trial's constants, which
+differs from the script only in those literals, ``launch.sh`` and ``provenance.json``; :func:`export_script`):
 
 - ``train.py``: one self-contained file under the upload limit. It carries the ``model`` and
   ``kernels`` packages as they are on disk (:mod:`sweep.ship.bundle`), so it runs the project's own
@@ -104,7 +105,8 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
     shown = {"val_bpb": p["val_bpb"], **p["values"]}
     values = ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} ?" for k, v in shown.items())
     print(f"exported trial {p['trial']} of study {p['study']} ({values}) to {args.out}: "
-          f"train.py {p['train_py_bytes']:,} bytes ({p['bundle']['encoding']}), launch: {p['launch']}", file=out,
+          f"train.py {p['train_py_bytes']:,} bytes ({p.get('bundle', {}).get('encoding', 'the team script')}), "
+          f"launch: {p['launch']}", file=out,
           flush=True)
     return 0
 
@@ -206,6 +208,8 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
     """Write train.py, launch.sh and provenance.json for trial ``t``; returns the provenance and warnings."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"--out {out_dir}: exists and is not a directory")
+    if spec.script is not None:
+        return export_script(spec, study_name, t, out_dir, root)
     ranks, lnc, flags = launch_shape(spec, t)
     trained_config = record_config(t) or {}
     config = submission_config(trained_config, budget_s)
@@ -257,6 +261,44 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         "train_py_sha256": hashlib.sha256(data).hexdigest(), "train_py_bytes": len(data),
         "inference_py_sha256": hashlib.sha256(inference.encode("utf-8")).hexdigest(),
         "upload_limit_bytes": bundle.UPLOAD_LIMIT_BYTES, "exported_at": info["exported_at"],
+    }
+    (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=1, default=str) + "\n")
+    return {"provenance": provenance, "warnings": warnings}
+
+
+def export_script(spec: Any, study_name: str, t: Any, out_dir: Path, root: Path = bundle.REPO_ROOT
+                  ) -> dict[str, Any]:
+    """A trial of a study of a script: the team's script with the trial's constants (only those literals
+    differ from the file), launch.sh and provenance.json. The script must be the one the trial ran."""
+    script = spec.script
+    ranks, lnc, flags = launch_shape(spec, t)
+    ran = t.user_attrs.get("script_sha256")
+    now = hashlib.sha256(script.script.read_bytes()).hexdigest()
+    if ran and ran != now:
+        raise ExportError(f"{script.script} changed since trial {t.number} ran it (sha256 {now[:12]}, the trial's "
+                          f"{ran[:12]}): export writes its constants into the file as it is; restore that version")
+    flat = spec.space.trainer_config(t.params)
+    data = script.rewritten(flat).encode("utf-8")
+    warnings = []
+    if len(data) > bundle.UPLOAD_LIMIT_BYTES:
+        warnings.append(f"train.py is {len(data):,} bytes, over the upload limit of {bundle.UPLOAD_LIMIT_BYTES:,}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train.py").write_bytes(data)
+    launch = launch_line(ranks, lnc)
+    sh = out_dir / "launch.sh"
+    sh.write_text(fill("launch.sh", {"study": study_name, "trial": t.number, "launch": launch}))
+    sh.chmod(0o755)
+    val_bpb = t.value if spec.objective.kind == "single" else t.user_attrs.get("val_bpb")
+    provenance = {
+        "study": study_name, "trial": t.number, "params": dict(t.params), "val_bpb": val_bpb,
+        "values": dict(zip(spec.objective.names, t.values or (), strict=False)),
+        "objective": spec.objective.describe(), "script": str(script.script), "script_sha256": now,
+        "constants": script.trainer_config(flat)["constants"], "trained_budget_s": t.user_attrs.get("budget_s"),
+        "launch": launch, "ranks": ranks, "lnc": lnc, "launch_env": {neuron.CC_FLAGS_VAR: flags} if flags else {},
+        "code_version": code_version(root), "spec_hash": t.user_attrs.get("spec_hash"),
+        "train_py_sha256": hashlib.sha256(data).hexdigest(), "train_py_bytes": len(data),
+        "upload_limit_bytes": bundle.UPLOAD_LIMIT_BYTES,
+        "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=1, default=str) + "\n")
     return {"provenance": provenance, "warnings": warnings}

@@ -21,6 +21,7 @@ from typing import Any
 from sweep import neuron
 from sweep.spec import expr
 from sweep.spec import objective as obj
+from sweep.spec import script as script_spec
 from sweep.spec.components import Component, exercise_components, read_pruner, read_sampler
 from sweep.spec.files import SpecReader, read_spec_file, resolve_path
 from sweep.spec.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
@@ -87,6 +88,13 @@ class StudySpec:
     # the same way (0: never), and how long to wait on a cluster for nodes that can hold a trial again.
     max_failures_in_a_row: int = 5
     infra_wait_s: float = 600.0
+    script: script_spec.ScriptSpec | None = None  # a study of a team's own script (sweep.spec.script)
+
+    def trainer_config(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The config the trainer gets for a trial's parameters: the space's flat dict, or, for a study of a
+        script, the script trainer's (the constants to set)."""
+        flat = self.space.trainer_config(params)
+        return self.script.trainer_config(flat) if self.script is not None else flat
 
     @property
     def directions(self) -> list[str]:
@@ -134,7 +142,8 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
                      "storage_proxy", "cost_cap_usd", "max_failures_in_a_row", "infra_wait_s"})
     trial = r.table(root.get("trial", {}), "trial",
                     {"budget_s", "startup_allowance_s", "eval_timeout_s", "eval_fractions", "ranks", "trainer",
-                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache", "chips"})
+                     "stop_grace_s", "heartbeat_s", "stale_after_s", "env", "resources", "compile_cache", "chips",
+                     *script_spec.KEYS})
 
     name = r.string(study, "study.name", default=path.stem)
     if not name or any(c.isspace() or c == "/" for c in name):
@@ -201,6 +210,12 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     launch_error = neuron.check_spec(space, resources.neuron_cores, ranks, "ranks" in trial, env, compile_cache)
     if launch_error:
         raise r.error(*launch_error)
+    script = script_spec.read(r, trial, r.table(root.get("params", {}), "params", None), space, _text(path))
+    if script is not None:
+        trainer = script_spec.TRAINER
+        if pruner.name == "learning_curve":
+            raise r.error("pruner.name", "the learning_curve pruner models our trainer's schedules; a script's "
+                                         "curve is its own: use median or hyperband")
     spec = StudySpec(
         name=name, path=path, direction=direction, n_trials=n_trials, concurrency=concurrency, seed=seed,
         storage=storage, artifacts=artifacts, budget_s=budget_s, startup_allowance_s=startup_allowance_s,
@@ -209,8 +224,17 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
         compile_cache=compile_cache, cost_cap_usd=cost_cap_usd, objective=objective, chips=chips,
         max_concurrency=max_concurrency, max_failures_in_a_row=max_failures_in_a_row, infra_wait_s=infra_wait_s,
+        script=script,
     )
     return spec
+
+
+def _text(path: Path) -> str:
+    """The spec file's text, for line numbers in messages ("" when it cannot be read again)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
 
 
 def _eval_fractions(r: SpecReader, trial: Mapping[str, Any], budget_s: float) -> tuple[float, ...]:
@@ -364,7 +388,7 @@ def _expr(r: SpecReader, key: str, src: Any) -> expr.Expr:
 
 def _param(r: SpecReader, name: str, raw: Any) -> Param:
     key = f"params.{name}"
-    t = r.table(raw, key, {"type", "low", "high", "step", "log", "choices", "when"})
+    t = r.table(raw, key, {"type", "low", "high", "step", "log", "choices", "when", "constant"})
     kind = r.choice(t, f"{key}.type", ("float", "int", "categorical"))
     when = _expr(r, f"{key}.when", t["when"]) if "when" in t else None
     if kind == "categorical":

@@ -1,4 +1,7 @@
-"""A stand-in competition kit for tests: prepare.py (beside this file) copied into a folder with its data.
+"""A stand-in competition kit for tests: sweep/studies/script-demo/prepare.py copied into a folder with its data.
+
+The stand-in lives beside the worked example's training script (sweep/studies/script-demo/train.py), which
+uses it; this package builds copies of it for tests.
 
     root = build_kit(tmp / "kit", demo_dir, VOCAB_SIZE=512, EVAL_TOKENS=8 * 2048)
     # root/prepare.py, root/data/shard_0000{0..6}.parquet + shard_06542.parquet, root/tokenizer/
@@ -20,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-PREPARE = Path(__file__).with_name("prepare.py")
+PREPARE = Path(__file__).resolve().parents[2] / "sweep" / "studies" / "script-demo" / "prepare.py"
 VAL_NAME = "shard_06542.parquet"  # the stand-in's VAL_FILENAME
 
 
@@ -49,15 +52,10 @@ def build_kit(root: Path, demo_dir: Path, tokenizer_from: Path | None = None, **
     """A kit folder at `root` (see the module doc); returns root."""
     root.mkdir(parents=True)
     (root / "prepare.py").write_text(prepare_text(**constants), encoding="utf-8")
-    data = root / "data"
-    data.mkdir()
-    shards = sorted(Path(demo_dir).glob("shard_*.parquet"))
-    assert len(shards) >= 2, f"{demo_dir}: the demo corpus has fewer than two shards"
-    for shard in shards[:-1]:
-        shutil.copyfile(shard, data / shard.name)
-    shutil.copyfile(shards[-1], data / VAL_NAME)
+    kit = import_prepare(root / "prepare.py")
+    kit.fill_data(str(demo_dir))
     if tokenizer_from is not None:
         shutil.copytree(Path(tokenizer_from) / "tokenizer", root / "tokenizer")
     else:
-        import_prepare(root / "prepare.py").train_tokenizer()
+        kit.train_tokenizer()
     return root

@@ -97,7 +97,7 @@ def main():
               file=sys.stderr, flush=True)
     from model import train as trainer
 
-    return trainer.main(["--config", json.dumps(config), "--out-dir", OUT_DIR])
+    return trainer.main(["--config", json.dumps(config), "--out-dir", OUT_DIR, "--competition"])
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ The kit is not public; its closest public relative is autoresearch's prepare.py 
 MIT). This file is written afresh to that file's interface and semantics, which the adapter
 (model/data/kit.py) and the tests rely on:
 - constants MAX_SEQ_LEN (2048: evaluate_bpb always runs at it), EVAL_TOKENS (40 * 524288), VOCAB_SIZE
-  (8192), four reserved special tokens with BOS = <|reserved_0|>, the pinned validation shard
-  shard_06542.parquet among parquet shards with a `text` column;
+  (8192), the clock's constants under the competition kit's names (TRAIN_TIME_BUDGET_SECONDS 1800,
+  TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS 900, TRAIN_STARTUP_STEPS_EXCLUDED 2; autoresearch's TIME_BUDGET too),
+  which a training script reads and keeps itself (the stand-in has no clock of its own); four reserved
+  special tokens with BOS = <|reserved_0|>, the pinned validation shard shard_06542.parquet among
+  parquet shards with a `text` column;
 - train_tokenizer(): a byte-level BPE of VOCAB_SIZE - 4 merged tokens trained with rustbpe on the
   training shards (documents capped at 10,000 characters), served by tiktoken with the specials after
   them, pickled as tokenizer/tokenizer.pkl; token_bytes.pt holds each token's length in bytes as
@@ -24,10 +27,12 @@ MIT). This file is written afresh to that file's interface and semantics, which 
   validation loader at MAX_SEQ_LEN, model(x, y, reduction="none") summed over targets with a positive
   byte length, over ln 2 times the summed byte lengths.
 
-Unlike autoresearch it downloads nothing (tests/kit_standin/__init__.py fills DATA_DIR from the demo
-corpus), keeps its data beside this file (CACHE_DIR is this file's folder: copy the file into a fresh
-folder to make a kit) and runs on the CPU (autoresearch pins the loader's buffer, copies it to "cuda" and
-reads token_bytes onto "cuda"). Tests override the constants by rewriting their lines in the copy.
+Unlike autoresearch it downloads nothing: `python prepare.py` fills DATA_DIR from trnsweep's offline demo
+corpus (model.data.demo_text, the last shard pinned as the validation shard; tests/kit_standin does the
+same from a corpus at hand) and trains the tokenizer, each only once. It keeps its data beside this file
+(CACHE_DIR is this file's folder: copy the file into a fresh folder to make a kit) and runs on the CPU
+(autoresearch pins the loader's buffer, copies it to "cuda" and reads token_bytes onto "cuda"). Tests
+override the constants by rewriting their lines in the copy.
 """
 
 import math
@@ -40,7 +45,10 @@ import torch
 # ---- constants ----------------------------------------------------------------------------------
 MAX_SEQ_LEN = 2048
 TIME_BUDGET = 300
-EVAL_TOKENS = 40 * 524288
+TRAIN_TIME_BUDGET_SECONDS = 1800
+TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS = 900
+TRAIN_STARTUP_STEPS_EXCLUDED = 2
+EVAL_TOKENS = 20971520  # 40 * 524288
 VOCAB_SIZE = 8192
 
 CACHE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -229,6 +237,38 @@ def evaluate_bpb(model, tokenizer, batch_size):
     return nats / (math.log(2) * nbytes)
 
 
+def fill_data(corpus_dir):
+    """DATA_DIR from a folder of parquet shards (kept when it holds shards): all but the last as training
+    shards, the last as VAL_FILENAME."""
+    import shutil
+
+    if os.path.isdir(DATA_DIR) and any(n.endswith(".parquet") for n in os.listdir(DATA_DIR)):
+        return
+    shards = sorted(n for n in os.listdir(corpus_dir) if n.startswith("shard_") and n.endswith(".parquet"))
+    if len(shards) < 2:
+        raise FileNotFoundError(f"{corpus_dir}: fewer than two parquet shards")
+    tmp = DATA_DIR + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name in shards[:-1]:
+        shutil.copyfile(os.path.join(corpus_dir, name), os.path.join(tmp, name))
+    shutil.copyfile(os.path.join(corpus_dir, shards[-1]), os.path.join(tmp, VAL_FILENAME))
+    os.replace(tmp, DATA_DIR)
+
+
+def download_data():
+    """The stand-in's download: the offline demo corpus (trnsweep's model.data.demo_text), built beside it."""
+    import tempfile
+
+    from model.data.demo_text import build_demo_corpus
+
+    if os.path.isdir(DATA_DIR):
+        return
+    with tempfile.TemporaryDirectory(dir=CACHE_DIR) as tmp:
+        fill_data(build_demo_corpus(os.path.join(tmp, "demo")))
+
+
 if __name__ == "__main__":
+    download_data()
     train_tokenizer()
-    print(f"tokenizer ready in {TOKENIZER_DIR}")
+    print(f"data in {DATA_DIR}, tokenizer ready in {TOKENIZER_DIR}")

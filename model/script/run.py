@@ -1,0 +1,364 @@
+"""``python -m model.script.run --config C --budget-s N --json --out-dir D``: a team's script as a trainer.
+
+The supervisor runs this in place of ``model.train`` for a study of a script; it speaks the same JSON lines
+(``start``, ``step``, ``eval``, then the ``result`` record last), so nothing above it learns a second
+protocol. It knows nothing of sweeps: the config names the script, the kit's prepare.py and the constants
+to set. In ``OUT/script/`` it writes the script with those constants rewritten (only their literals
+change, :mod:`model.script.source`) and a copy of the kit whose budget constant is ``--budget-s`` (the
+other entries of the kit's folder, its data, linked beside it), then launches ``python train.py``, or
+``torchrun --standalone --nproc_per_node=R train.py`` with ``--ranks R``, in the same process group. It
+reads the script's stdout as it comes (:mod:`model.script.output`): progress lines become ``step`` events
+and, at each of ``eval_fractions`` of the budget, an ``eval`` event whose ``val_bpb`` is the validation
+figure the ``val`` pattern finds or else a smoothed training loss (``metric`` says which); a non-finite loss
+or a FAIL line stops the script as ``diverged``. After it exits, the objective is the summary block's
+``val_bpb``, or, when the script does not evaluate, the kit's own ``evaluate_bpb`` on ``out/final.pt``
+through the script's ``load_for_eval`` (the script's imports, functions, classes and call-free assignments
+are run for it, not its training). The record holds every field of the summary block. SIGTERM stops the
+script and ends with status ``stopped``; a script that fails ends ``failed`` with its last error line.
+Bad config: exit 2, one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+from model.script import source
+from model.script.output import Patterns, Reader
+
+BUDGET_CONSTANTS = ("TRAIN_TIME_BUDGET_SECONDS", "TIME_BUDGET")  # the kit's, then autoresearch's name
+CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_constants", "kit_setup", "output",
+               "eval_fractions", "startup_allowance_s", "eval_batch_size", "eval_device", "script_sha256"}
+SMOOTHING = 0.9  # of the training loss the pruner reads where the script prints no validation figure
+OUT_CAP = 32 << 20  # bytes of the script's stdout kept in script.out
+STEP_EVENTS_S = 0.5  # at most two step events a second
+
+
+class BadConfig(ValueError):
+    """Exit 2 with this line."""
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_config(raw: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(raw) - CONFIG_KEYS)
+    if unknown:
+        raise BadConfig(f"unknown config key {unknown[0]!r} (a script trial takes {', '.join(sorted(CONFIG_KEYS))})")
+    for key in ("script",) + (("kit",) if raw.get("kit") else ()):
+        if not isinstance(raw.get(key), str) or not Path(raw[key]).is_file():
+            raise BadConfig(f"{key}: no such file {raw.get(key)!r}")
+    for key in ("constants", "kit_constants", "output"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise BadConfig(f"{key}: must be a table")
+    try:
+        Patterns.build(raw.get("output"))
+    except ValueError as e:
+        raise BadConfig(str(e)) from None
+    return raw
+
+
+def prepare_workdir(cfg: dict[str, Any], budget_s: float, work: Path) -> tuple[Path, Path | None]:
+    """OUT/script/: the rewritten script, the kit's copy on the trial's budget, the kit folder's other entries."""
+    script = Path(cfg["script"]).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        text = source.rewrite(script.read_text(encoding="utf-8"), cfg.get("constants", {}))
+    except (source.ScriptError, ValueError, SyntaxError) as e:
+        line = f":{e.line}" if isinstance(e, source.ScriptError) and e.line else ""
+        raise BadConfig(f"{script}{line}: {e}") from None
+    target = work / script.name
+    target.write_text(text, encoding="utf-8")
+    if not cfg.get("kit"):
+        return target, None
+    kit = Path(cfg["kit"]).resolve()
+    kit_text = kit.read_text(encoding="utf-8")
+    found = source.constants(kit_text)
+    values = dict(cfg.get("kit_constants", {}))
+    for name in cfg.get("kit_budget_constants", BUDGET_CONSTANTS):
+        if name in found:
+            literal = found[name][0].value
+            values[name] = int(budget_s) if isinstance(literal, int) and budget_s == int(budget_s) else float(budget_s)
+    try:
+        (work / kit.name).write_text(source.rewrite(kit_text, values), encoding="utf-8")
+    except (source.ScriptError, ValueError) as e:
+        line = f":{e.line}" if isinstance(e, source.ScriptError) and e.line else ""
+        raise BadConfig(f"{kit}{line}: {e}") from None
+    for entry in kit.parent.iterdir():
+        if entry.name in (kit.name, script.name, "out", "__pycache__") or entry.name.startswith("."):
+            continue
+        with contextlib.suppress(FileExistsError):
+            (work / entry.name).symlink_to(entry)
+    return target, work / kit.name
+
+
+def kit_setup(kit: Path) -> str | None:
+    """The kit's own ``python prepare.py`` in its folder, once per version of it (what a team runs once per
+    machine); concurrent trials wait on one lock. Returns why it failed, or None."""
+    marker, digest = kit.parent / ".kit-ready", sha256(kit)
+    with open(kit.parent / ".kit-ready.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and marker.read_text().strip() == digest:
+            return None
+        proc = subprocess.run([sys.executable, kit.name], cwd=kit.parent, stdout=sys.stderr, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True, errors="replace")
+        sys.stderr.write(proc.stderr)
+        if proc.returncode:
+            return f"kit setup ({kit} exited {proc.returncode}): {last_error(proc.stderr)}"
+        marker.write_text(digest + "\n")
+    return None
+
+
+def last_error(text: str) -> str:
+    """The line that says what broke: the last ``SomethingError: ...`` line, else the last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        head = ln.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Interrupt")) or head.startswith("error"):
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def launch_command(script: Path, ranks: int, rank_module: str | None) -> list[str]:
+    if ranks <= 1:
+        return [sys.executable, script.name]
+    entry = ["-m", rank_module, script.name] if rank_module else [script.name]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *entry]
+
+
+def definitions(script: Path) -> types.ModuleType:
+    """The script's imports, functions, classes and call-free assignments, run as a module: its
+    ``load_for_eval`` without its training (a script that trains at module level is common)."""
+    tree = ast.parse(script.read_bytes())
+    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    body = [n for n in tree.body if isinstance(n, keep) or (isinstance(n, (ast.Assign, ast.AnnAssign))
+                                                            and not any(isinstance(c, ast.Call) for c in ast.walk(n)))]
+    module = types.ModuleType("trnsweep_script")
+    module.__file__ = str(script)
+    sys.path.insert(0, str(script.parent))
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(script), "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def evaluate_checkpoint(script: Path, kit: Path, checkpoint: Path, batch_size: int, device: str) -> float:
+    """The kit's evaluate_bpb on the checkpoint, the model built by the script's load_for_eval."""
+    from model.data.kit import load_kit
+
+    model = definitions(script).load_for_eval(str(checkpoint), device)
+    return float(load_kit(kit, device).evaluate_bpb(model, batch_size))
+
+
+class ScriptRun:
+    """One script run: launch, read, classify. Emits the trainer's events through ``emit``."""
+
+    def __init__(self, cfg: dict[str, Any], budget_s: float, out_dir: Path, ranks: int, rank_module: str | None,
+                 as_json: bool) -> None:
+        self.cfg, self.budget_s, self.out_dir = cfg, budget_s, out_dir
+        self.ranks, self.rank_module, self.as_json = ranks, rank_module, as_json
+        self.reader = Reader(Patterns.build(cfg.get("output")))
+        self.fractions = sorted(float(f) for f in cfg.get("eval_fractions", []))
+        self.child: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+        self.diverged: str | None = None
+        self.smooth, self.smooth_n, self.val = 0.0, 0, None
+        self.err_tail = b""
+        self.steps_seen = 0
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.as_json:
+            print(json.dumps(event, default=str), flush=True)
+
+    def _on_sigterm(self, *_: Any) -> None:
+        self.stopping = True
+        self._stop_child()
+
+    def _stop_child(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signal.SIGTERM)
+
+    def _tee_stderr(self, stream: Any) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with contextlib.suppress(OSError):
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.buffer.flush()
+            self.err_tail = (self.err_tail + chunk)[-8192:]
+
+    def _line(self, figures: Any) -> None:
+        if figures is None or self.diverged:
+            return
+        if figures.val is not None and math.isfinite(figures.val):
+            self.val = figures.val
+        if figures.loss is not None:
+            if not math.isfinite(figures.loss):
+                self.diverged = f"non-finite training loss ({figures.loss}) at step {figures.step}"
+                self._stop_child()
+                return
+            self.smooth = SMOOTHING * self.smooth + (1 - SMOOTHING) * figures.loss
+            self.smooth_n += 1
+        if figures.progress is None:
+            return
+        self.steps_seen += 1
+        now = time.monotonic()
+        if self.steps_seen == 1 or now - self._last_step_event >= STEP_EVENTS_S:
+            self._last_step_event = now
+            self.emit({"event": "step", "step": figures.step, "progress": round(figures.progress, 6),
+                       "loss": figures.loss, "charged_s": round(figures.progress * self.budget_s, 3)})
+        while self.fractions and figures.progress >= self.fractions[0] - 1e-9:
+            f = self.fractions.pop(0)
+            if self.val is not None:
+                value, metric = self.val, "val"
+            elif self.smooth_n:
+                value, metric = self.smooth / (1 - SMOOTHING ** self.smooth_n), "train_loss_smoothed"
+            else:
+                value, metric = None, ""
+            if value is not None:
+                self.emit({"event": "eval", "val_bpb": value, "metric": metric, "progress": f,
+                           "charged_s": f * self.budget_s})
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        record: dict[str, Any] = {"script": cfg["script"], "script_sha256": sha256(Path(cfg["script"])),
+                                  "constants": cfg.get("constants", {}), "budget_s": self.budget_s,
+                                  "world_size": self.ranks, "config": cfg}
+        expected = cfg.get("script_sha256")
+        if expected and expected != record["script_sha256"]:
+            return {**record, "status": "failed", "val_bpb": None,
+                    "reason": f"{cfg['script']} changed since the study was set up (sha256 "
+                              f"{record['script_sha256'][:12]}, the study's {expected[:12]})"}
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.emit({"event": "start", "script": cfg["script"], "script_sha256": record["script_sha256"],
+                   "budget_s": self.budget_s, "ranks": self.ranks})
+        if cfg.get("kit") and cfg.get("kit_setup"):  # first: the kit folder's entries are linked once they exist
+            why = kit_setup(Path(cfg["kit"]).resolve())
+            if why:
+                return {**record, "status": "failed", "val_bpb": None, "reason": why}
+        script, kit = prepare_workdir(cfg, self.budget_s, self.out_dir / "script")
+        self._last_step_event = 0.0
+        started = time.monotonic()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.child = subprocess.Popen(launch_command(script, self.ranks, self.rank_module), cwd=script.parent,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        tee = threading.Thread(target=self._tee_stderr, args=(self.child.stderr,), daemon=True)
+        tee.start()
+        kept = 0
+        with open(self.out_dir / "script.out", "wb") as raw:
+            assert self.child.stdout is not None
+            fd = self.child.stdout.fileno()
+            while chunk := os.read(fd, 65536):
+                if kept < OUT_CAP:
+                    raw.write(chunk[:OUT_CAP - kept])
+                    kept += len(chunk)
+                for _, figures in self.reader.feed(chunk):
+                    self._line(figures)
+            for _, figures in self.reader.finish():
+                self._line(figures)
+        code = self.child.wait()
+        tee.join(timeout=5)
+        summary = dict(self.reader.summary)
+        record.update({k: v for k, v in summary.items() if k not in record})
+        record.update(summary_fields(summary), wall_seconds=time.monotonic() - started, exit_code=code,
+                      summary=summary)
+        return self._classify(record, code, script, kit)
+
+    def _classify(self, record: dict[str, Any], code: int, script: Path, kit: Path | None) -> dict[str, Any]:
+        err = last_error(self.err_tail.decode("utf-8", "replace"))
+        if self.stopping:
+            return {**record, "status": "stopped", "val_bpb": None, "reason": "stopped by SIGTERM"}
+        if self.diverged or self.reader.failed_line:
+            return {**record, "status": "diverged", "val_bpb": None,
+                    "reason": self.diverged or f"the script printed {self.reader.failed_line!r}"}
+        if code != 0:
+            return {**record, "status": "failed", "val_bpb": None,
+                    "reason": err or f"the script exited with code {code}"}
+        val = record.get("val_bpb")
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            if not math.isfinite(val):
+                return {**record, "status": "diverged", "val_bpb": None, "reason": f"val_bpb {val} in the summary"}
+            return {**record, "status": "ok", "val_bpb": float(val), "val_bpb_source": "summary"}
+        checkpoint = script.parent / "out" / "final.pt"
+        if kit is None or not checkpoint.is_file():
+            return {**record, "status": "failed", "val_bpb": None,
+                    "reason": "no val_bpb in the summary block, and no out/final.pt and kit to score"}
+        t0 = time.monotonic()
+        try:
+            val = evaluate_checkpoint(script, kit, checkpoint, int(self.cfg.get("eval_batch_size", 8)),
+                                      str(self.cfg.get("eval_device", "cpu")))
+        except Exception as e:  # the script's load_for_eval or the kit broke: say which, as a failed trial
+            first = str(e).splitlines()[0] if str(e) else ""
+            return {**record, "status": "failed", "val_bpb": None,
+                    "reason": f"evaluating out/final.pt: {type(e).__name__}: {first}"}
+        status = "ok" if math.isfinite(val) else "diverged"
+        return {**record, "status": status, "val_bpb": val if status == "ok" else None, "val_bpb_source": "kit",
+                "eval_seconds": time.monotonic() - t0}
+
+
+def summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """The record's usual names for what the summary block says (train_seconds, steps, tokens, params)."""
+    def num(key: str, scale: float = 1.0) -> float | None:
+        v = summary.get(key)
+        return v * scale if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    out = {"train_seconds": num("charged_seconds_est") or num("training_seconds"), "steps": num("num_steps"),
+           "tokens": num("total_tokens_M", 1e6), "params": num("num_params_M", 1e6),
+           "startup_seconds": num("startup_allowance_est")}
+    if isinstance(summary.get("world_size"), int):
+        out["world_size"] = summary["world_size"]
+    return {k: (int(v) if k in ("steps", "tokens", "params") else v) for k, v in out.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model.script.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="inline JSON, or a .json file")
+    parser.add_argument("--budget-s", type=float, required=True, help="the kit's budget for this run")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    parser.add_argument("--out-dir", type=Path, default=Path("runs/script"), help="the run's working files")
+    parser.add_argument("--ranks", type=int, default=1, help="torchrun processes")
+    parser.add_argument("--rank-module", default=None, help="a module each rank runs first (it then runs the script)")
+    args = parser.parse_args(argv)
+    try:
+        text = args.config.strip()
+        try:
+            raw = json.loads(text if text.startswith("{") else Path(text).read_text())
+        except (OSError, ValueError) as e:
+            raise BadConfig(f"--config: {e}") from None
+        if not isinstance(raw, dict):
+            raise BadConfig("--config must be a JSON object")
+        run = ScriptRun(read_config(raw), args.budget_s, args.out_dir, args.ranks, args.rank_module, args.json)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        record = run.run()
+    except BadConfig as e:  # before the script ran: its config, files or constants
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # the sweep needs a result line and a reason, whatever broke
+        record = {"status": "failed", "val_bpb": None, "reason": f"{type(e).__name__}: {e}"[:300]}
+    checkpoint = args.out_dir / "script" / "out" / "final.pt"
+    if checkpoint.is_file():
+        with contextlib.suppress(OSError):
+            (args.out_dir / "final.pt").unlink(missing_ok=True)
+            try:
+                os.link(checkpoint, args.out_dir / "final.pt")
+            except OSError:
+                shutil.copyfile(checkpoint, args.out_dir / "final.pt")
+    print(json.dumps({"event": "result", **record}, default=str), flush=True)
+    return 0 if record["status"] in ("ok", "stopped", "diverged") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The script's output read defensively (model.script.output): progress lines, FAIL, the summary block, fuzzed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from model.script.output import MAX_LINE, Patterns, Reader
+
+RUN = (b"step 00001 (0.0%) | loss: 9.000000 | remaining: 20s    \r"
+       b"step 00002 (12.5%) | loss: 8.500000 | dt: 10ms | tok/sec: 12,345 | remaining: 17s    \r"
+       b"step 00003 (50.0%) | loss: 7.25 | remaining: 10s\r\n"
+       b"---\nval_bpb:          1.234567\ntraining_seconds: 20.1\nover_budget:      False\nnum_steps:        3\n"
+       b"note: a sentence, kept as text\n")
+
+
+def _all(reader: Reader, chunks: list[bytes]) -> list[tuple[str, object]]:
+    out = [x for c in chunks for x in reader.feed(c)]
+    return out + reader.finish()
+
+
+def test_autoresearch_progress_lines_and_the_summary_block():
+    r = Reader()
+    lines = _all(r, [RUN])
+    figures = [f for _, f in lines if f is not None]
+    assert [(f.step, f.progress, f.loss) for f in figures] == [(1, 0.0, 9.0), (2, 0.125, 8.5), (3, 0.5, 7.25)]
+    assert r.summary == {"val_bpb": 1.234567, "training_seconds": 20.1, "over_budget": False, "num_steps": 3,
+                         "note": "a sentence, kept as text"}
+    assert r.failed_line is None
+
+
+def test_fail_and_non_finite_losses_and_configured_patterns():
+    r = Reader(Patterns.build({"val": r"val_loss=([0-9.]+)", "progress": r"([0-9.]+)% done"}))
+    lines = _all(r, [b"40% done loss: nan val_loss=3.5\nFAIL\n"])
+    f = lines[0][1]
+    assert f.progress == 0.4 and math.isnan(f.loss) and f.val == 3.5
+    assert r.failed_line == "FAIL"
+    with pytest.raises(ValueError, match="output.loss: needs a group"):
+        Patterns.build({"loss": "loss"})
+    with pytest.raises(ValueError, match="output.nope: unknown pattern"):
+        Patterns.build({"nope": "(x)"})
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.binary(max_size=3000), hs.lists(hs.integers(0, 3000), max_size=8))
+def test_any_bytes_in_any_chunks_read_the_same_and_never_raise(blob, cuts):
+    cuts = sorted({min(c, len(blob)) for c in cuts})
+    chunks = [blob[a:b] for a, b in zip([0, *cuts], [*cuts, len(blob)], strict=True)]
+    whole, split = Reader(max_line=512), Reader(max_line=512)
+    assert [ln for ln, _ in _all(whole, [blob])] == [ln for ln, _ in _all(split, chunks)]
+    assert whole.summary == split.summary and len(whole.summary) <= 200
+
+
+@settings(max_examples=100, deadline=None)
+@given(hs.lists(hs.sampled_from(["step", "(", "%)", "loss:", "nan", "inf", "-", "1e999", "9" * 40, ".", "|", ":",
+                                 "---", "\r", "\n", " ", "val_bpb:", "FAIL", "\x00", "\xff", "é"]), max_size=60))
+def test_malformed_progress_lines_give_numbers_or_nothing(tokens):
+    r = Reader()
+    for _, f in _all(r, ["".join(tokens).encode("utf-8", "surrogatepass")]):
+        if f is not None:
+            assert f.progress is None or 0.0 <= f.progress <= 1.0
+            assert f.step is None or isinstance(f.step, int)
+
+
+def test_a_ten_megabyte_line_is_cut_and_the_next_line_still_reads():
+    r = Reader()
+    lines = _all(r, [b"x" * (10 << 20), b"y" * 100, b"\nstep 00007 (70.0%) | loss: 3.0\n"])
+    assert len(lines[0][0]) == MAX_LINE
+    assert lines[1][1].step == 7 and lines[1][1].progress == 0.7
