@@ -86,7 +86,8 @@ def test_under_a_process_group_each_rank_owns_the_index_of_its_local_rank(tmp_pa
     import torch_neuronx  # the real one loads with torch (its entry point); the stand-in has none
     dist.init_process_group("neuron")
     rank = int(os.environ["LOCAL_RANK"])
-    print("rank", rank, torch.neuron.current_device(), torch.neuron.device_count(), os.environ["NEURON_RT_VISIBLE_CORES"])
+    cores = os.environ["NEURON_RT_VISIBLE_CORES"]
+    print("rank", rank, torch.neuron.current_device(), torch.neuron.device_count(), cores)
     torch.zeros(1, device=torch.device("neuron", rank))
     try:
         torch.zeros(1, device=torch.device("neuron", 0))
