@@ -87,13 +87,14 @@ def test_under_a_process_group_each_rank_owns_the_index_of_its_local_rank(tmp_pa
     dist.init_process_group("neuron")
     rank = int(os.environ["LOCAL_RANK"])
     cores = os.environ["NEURON_RT_VISIBLE_CORES"]
-    print("rank", rank, torch.neuron.current_device(), torch.neuron.device_count(), cores)
+    say = lambda line: os.write(1, (line + os.linesep).encode())  # one write a line: the ranks share stdout
+    say(f"rank {rank} {torch.neuron.current_device()} {torch.neuron.device_count()} {cores}")
     torch.zeros(1, device=torch.device("neuron", rank))
     try:
         torch.zeros(1, device=torch.device("neuron", 0))
-        print("rank", rank, "index 0 ok")
+        say(f"rank {rank} index 0 ok")
     except RuntimeError as e:
-        print("rank", rank, "index 0:", e)
+        say(f"rank {rank} index 0: {e}")
     """
     out = run(code, {"STANDIN_SCRIPT_DIR": str(tmp_path)}, ranks=2)
     assert out.returncode == 0, out.stderr[-2000:]
