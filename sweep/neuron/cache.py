@@ -35,7 +35,8 @@ NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"  # the native backend's persiste
 XLA_CACHE_VAR = "NEURON_COMPILE_CACHE_URL"  # the XLA path's persistent cache (a path or s3://)
 # TorchNeuron reads its cache switch under two names (docs/neuron.md, "Compile cache"): the C++ cache
 # backend and the NKI kernel cache read TORCH_NEURONX_NEFF_DISABLE_CACHE, the Python compile cache and the
-# environment-variables page the other. The sweep never sets either; a trial or preflight that finds one
+# environment-variables page the other. The sweep sets only the first, and only on a nearly full cache disk
+# (sweep/neuron/trial.py: the on-disk cache off); a trial or preflight that finds one
 # set says so.
 NEFF_DISABLE_VAR = "TORCH_NEURONX_NEFF_DISABLE_CACHE"  # the C++ backend's name (only "1" disables there)
 NEFF_DISABLE_VAR_DOCS = "TORCH_NEURONX_DISABLE_NEFF_CACHE"  # the documented name (1, true, yes)

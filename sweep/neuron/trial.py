@@ -19,6 +19,7 @@ from typing import Any
 
 from sweep.neuron.cache import (
     MIN_CACHE_FREE_BYTES,
+    NEFF_DISABLE_VAR,
     PUSH_MIN_AGE_S,
     CacheLocation,
     cache_disabled_by,
@@ -124,9 +125,12 @@ class TrialLaunch:
             error = self.sync(loc.remote, loc.neff_dir, 0.0)
             if error:
                 self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
-        if free < MIN_CACHE_FREE_BYTES:  # said, not acted on: TorchNeuron's switch has two names (cache.py)
+        if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
+            # The persistent (on-disk) NEFF cache is the C++ backend's, which reads this name and exactly "1"
+            # (docs/neuron.md, "Compile cache"); the other name only switches off the in-process cache.
+            self.env[NEFF_DISABLE_VAR] = "1"
             self.attrs["compile_cache_error"] = (f"only {free / 1024**3:.1f} GiB free under {dirs[0]}: "
-                                                 "a compile may fill the disk")
+                                                 f"a compile may fill the disk, so {NEFF_DISABLE_VAR}=1")
         disabled = cache_disabled_by({**env, **self.env})
         if disabled:  # every graph compiles again, and the hit/miss verdict says miss
             self.attrs["compile_cache_disabled"] = f"{disabled} turns TorchNeuron's NEFF cache off for this trial"

@@ -112,10 +112,11 @@ def test_both_names_are_read_and_trial_env_counts_too(tmp_path):
         "TORCH_NEURONX_NEFF_DISABLE_CACHE=1, TORCH_NEURONX_DISABLE_NEFF_CACHE=true ")
 
 
-def test_a_nearly_full_cache_disk_is_recorded_and_the_cache_stays_on(tmp_path, monkeypatch):
+def test_a_nearly_full_cache_disk_turns_the_persistent_cache_off(tmp_path, monkeypatch):
     monkeypatch.setattr(neuron.trial, "MIN_CACHE_FREE_BYTES", 1 << 62)  # more than any disk here has free
     plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, "",
                                       node_env={"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")})
     said = plan.attrs["compile_cache_error"]
     assert "GiB free under" in said and "may fill the disk" in said
-    assert not set(neuron.NEFF_DISABLE_VARS) & set(plan.env) and "compile_cache_disabled" not in plan.attrs
+    assert plan.env[neuron.NEFF_DISABLE_VAR] == "1" and neuron.NEFF_DISABLE_VAR_DOCS not in plan.env
+    assert plan.attrs["compile_cache_disabled"].startswith("TORCH_NEURONX_NEFF_DISABLE_CACHE=1 ")
