@@ -221,6 +221,15 @@ def _calls(root: Path) -> list[tuple[str, int, str, ast.Call]]:
     return out
 
 
+# The two places that run code or unpickle on purpose, each for a reason that is not input data:
+ALLOWED = {
+    # A team's train.py is code the trial runs anyway; its definitions (load_for_eval) run without its training.
+    ("model/script/run.py", "exec"),
+    # The worked example's kit, in the competition kit's shape, reads back the tokenizer its own setup pickled.
+    ("sweep/studies/script-demo/prepare.py", "pickle.load"),
+}
+
+
 def test_no_code_is_evaluated_or_unpickled_from_input():
     """Specs, parameters, results and checkpoints are data: no eval/exec, no unsafe loads, anywhere."""
     bad = []
@@ -228,7 +237,8 @@ def test_no_code_is_evaluated_or_unpickled_from_input():
         if not (ROOT / where).is_dir():
             continue
         for path, line, func, node in _calls(ROOT / where):
-            if func in ("eval", "exec", "pickle.load", "pickle.loads", "yaml.load", "marshal.loads", "dill.load"):
+            if func in ("eval", "exec", "pickle.load", "pickle.loads", "yaml.load", "marshal.loads", "dill.load") \
+                    and (Path(path).as_posix(), func) not in ALLOWED:
                 bad.append(f"{path}:{line} {func}")
             if func == "torch.load":
                 kw = {k.arg: k.value for k in node.keywords}

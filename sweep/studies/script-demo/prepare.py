@@ -158,7 +158,7 @@ class Tokenizer:
 
 def get_token_bytes(device="cpu"):
     with open(os.path.join(TOKENIZER_DIR, "token_bytes.pt"), "rb") as f:
-        return torch.load(f, map_location=device)
+        return torch.load(f, map_location=device, weights_only=True)
 
 
 # ---- the loader -----------------------------------------------------------------------------------
