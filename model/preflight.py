@@ -49,10 +49,11 @@ KERNEL_ROWS = 256  # two 128-row partition tiles, so both LNC-2 halves get rows
 
 
 def _device(requested: str) -> torch.device:
-    from model.device import pick_kind
+    """The device a probe runs on, indexed by the trainer's own rule (model.device.device_index)."""
+    from model.device import device_index, pick_kind
 
     kind = pick_kind(requested)
-    return torch.device("neuron", 0) if kind == "neuron" else torch.device(kind)
+    return torch.device(kind, device_index(kind, int(os.environ.get("LOCAL_RANK", 0))))
 
 
 def _sync(device: torch.device) -> None:
@@ -79,8 +80,6 @@ def probe_compile(requested: str, salt: float, backend: str = "neuron") -> dict[
     """Compile and run one salted graph with ``backend``; the sweep reads the cache around it."""
     neuron_available()  # loads torch_neuronx where torch did not autoload it: it registers the backend
     device = _device(requested)
-    if device.type == "cuda":
-        device = torch.device("cuda", 0)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return (torch.sin(x * salt) + x).square().sum(dim=-1)
