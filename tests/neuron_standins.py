@@ -18,10 +18,37 @@ by 10%), ``silent-monitor`` (neuron-monitor prints nothing).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from tests.sweep.neuron.test_neuron import write_tools
+# `neuron-ls --json-output` of a two-chip node at LNC 2: 4 logical cores per device.
+NEURON_LS = [
+    {"neuron_device": 0, "bdf": "0000:00:1e.0", "cpu_affinity": "0-23", "numa_node": "0", "connected_to": [1],
+     "nc_count": 4, "memory_size": 103079215104, "neuroncore_ids": [0, 1, 2, 3], "neuron_processes": []},
+    {"neuron_device": 1, "bdf": "0000:00:1f.0", "cpu_affinity": "24-47", "numa_node": "0", "connected_to": [0],
+     "nc_count": 4, "memory_size": 103079215104, "neuroncore_ids": [4, 5, 6, 7], "neuron_processes": []},
+]
+
+FAKE_LS = """\
+#!{python}
+import json, sys
+if "--json-output" not in sys.argv:
+    sys.exit("neuron-ls stand-in: only --json-output")
+print(json.dumps({devices}, indent=4))
+"""
+
+
+def write_tools(bin_dir: Path, monitor: str) -> Path:
+    """Executable stand-ins in a new ``bin_dir``: neuron-ls listing NEURON_LS, and the neuron-monitor
+    script ``monitor`` (a template filled with this interpreter's path)."""
+    bin_dir.mkdir()
+    for name, text in (("neuron-ls", FAKE_LS.format(python=sys.executable, devices=repr(NEURON_LS))),
+                       ("neuron-monitor", monitor.format(python=sys.executable))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
 
 STANDIN = Path(__file__).resolve().parent / "neuron_standin"
 PACKAGES_DIR = "py"  # where install() writes the stand-in torch_neuronx and nki

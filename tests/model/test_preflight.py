@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import kernels
-from kernels import _nki
+from kernels import _nki, relu2_mlp
 from model import preflight
 
 
@@ -36,11 +36,22 @@ def test_every_kernel_within_tolerance_and_a_refused_width_recorded(fake_nki):
     assert set(rows) == {("rms_norm", 128), ("relu2_mlp", 128), ("rms_norm", 1024), ("relu2_mlp", 1024),
                          ("softcap_cross_entropy", 512)}
     assert all(r["ok"] for r in rows.values())
-    wide = rows[("relu2_mlp", 1024)]  # measured where the buffer plan holds it, else its refusal recorded
-    assert ("err" in wide) != bool(wide.get("refused"))
-    measured = [r for r in rows.values() if "err" in r]
-    assert measured and all(0 < r["err"] <= preflight.DEFAULT_TOL for r in measured)
+    # The stand-in's usable SBUF (trn2's 224 KiB) holds width 1024's weights resident: measured, not refused.
+    plan = relu2_mlp.mlp_plan(1024, 4096, 1024, 2)
+    assert plan is not None and plan.resident
+    assert all("refused" not in r and 0 < r["err"] <= preflight.DEFAULT_TOL for r in rows.values()), rows
     assert set(rows[("relu2_mlp", 128)]["errs"]) == {"out", "grad0", "grad1", "grad2"}
+
+
+def test_a_width_the_buffer_plan_refuses_is_recorded_as_refused(fake_nki, monkeypatch):
+    # A part with 16 KiB of usable SBUF per partition: no plan holds even one token block of width 1024.
+    monkeypatch.setattr(fake_nki.nl.tile_size, "sbuf_fmax_bytes", 16 * 1024)
+    assert relu2_mlp.mlp_plan(1024, 4096, 1024, 2) is None
+    out = preflight.probe_kernels("cpu", [1024], 4.0, 512, 15.0, preflight.DEFAULT_TOL)
+    rows = {r["kernel"]: r for r in out["results"]}
+    assert rows["relu2_mlp"]["ok"] and "no SBUF plan for dim 1024" in rows["relu2_mlp"]["refused"], rows
+    assert "err" not in rows["relu2_mlp"]
+    assert "refused" not in rows["rms_norm"] and rows["rms_norm"]["ok"], rows
 
 
 def test_a_wrong_kernel_is_caught(fake_nki, monkeypatch):

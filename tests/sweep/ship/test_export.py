@@ -163,7 +163,7 @@ def test_exported_train_py_trains_alone_and_load_for_eval_reads_its_checkpoint(s
 
 @pytest.mark.slow
 def test_train_py_trains_on_the_kit_beside_it_and_refuses_to_run_without_one(study, tmp_path, capsys):
-    from tests.model.data.test_data_kit import FAKE_PREPARE
+    from tests.byte_kit import FAKE_PREPARE
 
     out = tmp_path / "sub"
     assert export(study, out) == 0

@@ -16,7 +16,7 @@ from sweep import store as st
 from sweep.ship.replay import components, recorded_trials, replay
 from sweep.spec import Component, load
 from tests.conftest import subprocess_env
-from tests.sweep.spec.test_pruners import BUDGET, STEPS, synthetic
+from tests.curves import BUDGET, STEPS, synthetic
 from tests.sweep_fixtures import tiny_spec, write_spec
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -33,7 +33,7 @@ from sweep.run import adhoc
 from sweep.spec import SpecError, expr, load, parse
 from sweep.spec.space import SpaceError
 from sweep.study import UsageError
-from tests.sweep_fixtures import spec_toml, tiny_spec
+from tests.sweep_fixtures import environ, spec_toml, tiny_spec
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
@@ -294,9 +294,7 @@ def test_params_json_is_parsed_or_refused_in_one_line(base_spec, text):
 def test_cli_exits_2_with_one_line_and_writes_nothing(workdir, base_spec, text, bad_spec):
     """Through ``python -m sweep`` (in process): bad --params or a bad spec exit 2, one line, no store."""
     journal = workdir / "store" / "journal.log"
-    os.environ[st.ENV_STORAGE] = f"journal:{journal}"
-    os.environ["SWEEP_ARTIFACTS"] = str(workdir / "art")
-    try:
+    with environ({st.ENV_STORAGE: f"journal:{journal}", "SWEEP_ARTIFACTS": str(workdir / "art")}):
         try:
             bad_params = False
             adhoc.adhoc_point(base_spec.space, adhoc.read_params(text), attempts=50)
@@ -323,9 +321,6 @@ def test_cli_exits_2_with_one_line_and_writes_nothing(workdir, base_spec, text, 
             assert rc == 2, (argv, err.getvalue())
             assert len(lines) == 1 and lines[0].startswith("sweep: "), (argv, err.getvalue())
             assert not journal.exists(), f"{argv} wrote to the store"
-    finally:
-        os.environ.pop(st.ENV_STORAGE, None)
-        os.environ.pop("SWEEP_ARTIFACTS", None)
 
 
 def test_params_are_data_never_code(base_spec):

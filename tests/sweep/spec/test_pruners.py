@@ -3,7 +3,6 @@ known curve family with an interval that covers the truth, and it keeps a high-l
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import optuna
@@ -13,26 +12,7 @@ from model.config import OptimConfig
 from model.schedule import lr_area, lr_drop, lr_multiplier
 from sweep.spec import SpecError, load
 from sweep.spec.pruners import SCHEDULE_DEFAULTS, Curve, LearningCurvePruner, Schedule, fit_shared, predict_final
-
-BUDGET = 100
-STEPS = list(range(10, BUDGET, 10))  # intermediate evals at 10%..90% of the charged budget
-TRUE_C, TRUE_K = 0.5, 4.0
-
-
-def synthetic(lr: float, warmdown: float, b: float | None = None, noise: float = 0.0, seed: int = 0
-              ) -> tuple[Schedule, dict[int, float], float]:
-    """A curve from the model family itself: a plateau raised by the lr that annealing removes,
-    and a higher lr that learns faster (smaller b). Returns the schedule, intermediate values, final."""
-    rng = random.Random(seed)
-    sched = Schedule(0.0, warmdown, 0.0, lr)
-    b = 0.3 * (0.04 / lr) ** 0.3 if b is None else b
-    a = 1.0 + TRUE_K * lr
-
-    def at(p: float) -> float:
-        s, d = sched.features(p, TRUE_C)
-        return a + b * s + TRUE_K * d + rng.gauss(0.0, noise)
-
-    return sched, {step: at(step / BUDGET) for step in STEPS}, at(1.0)
+from tests.curves import BUDGET, STEPS, TRUE_C, TRUE_K, synthetic
 
 
 def _study(pruner: optuna.pruners.BasePruner) -> optuna.Study:
