@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test faults sweep preflight bench lint dashboard job status best clean clean-studies
+.PHONY: install system-deps test faults faults-full sweep preflight bench lint dashboard job status best clean clean-studies
 
 install: $(STAMP)
 
@@ -32,13 +32,18 @@ system-deps:
 	fi
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -X faulthandler -m pytest -q $(PYTEST_ARGS)
 
 # The cost check prints nothing unless the spec's cap is exceeded; with-db resolves the study database
 # from AWS Secrets Manager or a file where the cluster is set up so (docs/aws.md), else passes through.
 # Each fault injected into a real sweep (PostgreSQL, local Ray), then the same checks; prints a table.
 faults: $(STAMP)
-	FAULTS_FULL=1 $(PY) -m pytest -q -m faults tests/faults/test_faults.py
+	FAULTS_FULL=1 $(PY) -X faulthandler -m pytest -q -m faults tests/faults/test_faults.py
+
+# Only the rows make test leaves to FAULTS_FULL=1 (the gRPC proxy's restart and outage, the GCS kill, the node
+# removal): what .ci/run adds after make test, so CI runs every row.
+faults-full: $(STAMP)
+	FAULTS_FULL=1 $(PY) -X faulthandler -m pytest -q -m faults_full tests/faults/test_faults.py
 
 sweep: $(STAMP)
 	$(PY) -m infra cost $(STUDY) --check

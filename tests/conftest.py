@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests import pg_cluster
+from tests.ci import skip_unless_ci
 from tests.pg_cluster import PgCluster
+from tests.ray_head import Head, ray_head
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,48 +111,28 @@ def standin_kit(data_cache, tmp_path_factory) -> Path:
 
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Head]:
+    """A Ray head of the session's own, in processes of its own (tests.ray_head): drivers join it from
+    subprocesses; the pytest process never connects to Ray. One for the session (a head takes seconds to start
+    and stop); each sweep on it checks that every CPU is free again when it ends (tests/faults)."""
+    with ray_head() as head:
+        yield head
+
+
 @pytest.fixture(scope="module")
 def private_pg() -> Iterator[PgCluster]:
     """A PostgreSQL server of the module's own (tests.pg_cluster): the one a test may stop or restart."""
     why = pg_cluster.available()
     if why:
-        pytest.skip(why)
+        skip_unless_ci(why)
     with pg_cluster.pg_cluster() as cluster:
         yield cluster
 
 
-_EXIT_STATUS: list[int] = []
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """The guard that fails a run which restarted the machine's PostgreSQL (tests own their services)."""
-    if not config.pluginmanager.has_plugin("tests.pg_guard"):
-        config.pluginmanager.import_plugin("tests.pg_guard")
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _EXIT_STATUS.append(int(session.exitstatus))  # the guard's verdict included
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Leave without the interpreter's teardown once every result is printed.
-
-    A full run once ended in a segmentation fault after its summary line (820 passed), in the interpreter's
-    teardown: the tests had all passed, the exit code did not say so. Exiting here keeps pytest's own
-    status (the PostgreSQL guard's verdict included) and skips that teardown.
-
-    Why it stays: a test that runs Ray in this process (``local_ray``, the fault suite's in-process
-    drivers) leaves native threads running after ``ray.shutdown()``: Ray's GCS client I/O thread
-    (``gcs_client_io_service``) and gRPC core's global threads (timer, executor, resolver, event engine),
-    held by Ray's own C++ objects, beyond the tests' reach. They run on through the interpreter's
-    finalization and the C++ static destructors, the usual ground of a rare crash at exit. What the tests
-    hold themselves is closed (the gRPC proxy test closes its client's channel, whose threads then end);
-    at the end of each group of test files no Python thread but the main one and no child process is left.
-    ``TRNSWEEP_PYTEST_HARD_EXIT=0`` runs the normal teardown (with ``python -X faulthandler`` to see a crash).
-    """
-    if _EXIT_STATUS and os.environ.get("TRNSWEEP_PYTEST_HARD_EXIT", "1") == "1":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])
+    """The guards that fail a run which restarted the machine's PostgreSQL (tests own their services) or left
+    threads, child processes or a Ray driver behind (tests.session_guard)."""
+    for plugin in ("tests.pg_guard", "tests.session_guard"):
+        if not config.pluginmanager.has_plugin(plugin):
+            config.pluginmanager.import_plugin(plugin)

@@ -72,18 +72,19 @@ def tiny_spec(cache_dir: str | None = None, **sections: Mapping[str, Any] | None
 
 
 @contextlib.contextmanager
-def local_ray(namespace: str) -> Iterator[None]:
-    """A local Ray of two CPUs for a test module's sweeps."""
-    import ray
-
-    # "local": a Ray of the test's own. Without it, ray.init joins the machine's current cluster
-    # (/tmp/ray/ray_current_cluster, written by any `ray start`), or refuses num_cpus for it.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024**2, namespace=namespace)
+def environ(values: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set, as it was afterwards (set, changed or absent alike):
+    for a hypothesis test, whose examples cannot take the function-scoped monkeypatch."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def write_spec(directory: Path, name: str, sections: Mapping[str, Mapping[str, Any]]) -> Path:
@@ -154,10 +155,16 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = 
 
 
 def sweep_env(storage: str, artifacts: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "SWEEP_STORAGE": storage, "SWEEP_ARTIFACTS": str(artifacts), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(ROOT), **extra}
-    env.pop("RAY_ADDRESS", None)
-    return env
+    """A sweep command's environment: its store and artifacts; no RAY_ADDRESS of this process's, only one that
+    ``extra`` gives (a local Ray of the command's own otherwise)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return {**env, "SWEEP_STORAGE": storage, "SWEEP_ARTIFACTS": str(artifacts), "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT), **extra}
+
+
+def head_env(head: Any, storage: str, artifacts: Path, **extra: str) -> dict[str, str]:
+    """What a driver or ``sweep trial`` process needs to join ``head`` (a tests.ray_head.Head)."""
+    return sweep_env(storage, artifacts, RAY_ADDRESS=head.address, **head.env, **extra)
 
 
 def sweep_cmd(*args: str) -> list[str]:
@@ -167,6 +174,17 @@ def sweep_cmd(*args: str) -> list[str]:
 def run_sweep(*args: str, env: Mapping[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(sweep_cmd(*args), env=dict(env), cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def supervise(task: Any, reporter: Any = None) -> Any:
+    """One trial's supervisor run to its outcome (sweep.run.supervisor), closed whatever happens."""
+    from sweep.run.supervisor import Supervisor
+
+    sup = Supervisor(task, reporter)
+    try:
+        return sup.run()
+    finally:
+        sup.close()
 
 
 def load_trials(storage: str, study: str, missing_ok: bool = False) -> list[Any]:

@@ -86,7 +86,12 @@ def last_outage() -> tuple[float, float] | None:
     return _STORE["outage"]
 
 
-def retry(fn: Callable[[], T], *, what: str = "storage call", attempts: int = 8, base_s: float = 0.25,
+# Attempts of a call by default: 12 to 24 s in all with the backoff below (a test sets fewer for a shorter
+# schedule; read at each call).
+ATTEMPTS = 8
+
+
+def retry(fn: Callable[[], T], *, what: str = "storage call", attempts: int | None = None, base_s: float = 0.25,
           max_s: float = 8.0, url: str | None = None) -> T:
     """Run ``fn``, retrying transient database errors with jittered exponential backoff.
 
@@ -94,6 +99,7 @@ def retry(fn: Callable[[], T], *, what: str = "storage call", attempts: int = 8,
     database that is really gone fails the caller instead of hanging it. Within :func:`patience`, it goes
     on past the attempts until that many seconds have passed since the first failure.
     """
+    attempts = ATTEMPTS if attempts is None else attempts
     first: float | None = None
     attempt = 0
     while True:

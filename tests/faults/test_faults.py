@@ -19,14 +19,12 @@ are signalled.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,15 +35,15 @@ import optuna
 import pytest
 
 from sweep import store as st
-from sweep.run.driver import Driver
 from sweep.run.outcome import counts, needs_rerun, needs_retry
-from sweep.spec import load
 from tests import pg_cluster
+from tests.ci import skip_unless_ci, under_ci
 from tests.pg_cluster import PgCluster
+from tests.ray_head import Head, free_cpus
 from tests.sweep_fixtures import (
     ROOT,
+    head_env,
     load_trials,
-    local_ray,
     processes_with,
     sweep_cmd,
     sweep_env,
@@ -63,7 +61,8 @@ HEALTHY = {"depth": 1, "model_dim": 32, "matrix_lr": 0.02}
 FAULTY_SEED = 7  # the trainer seed of the one faulted trial: TRNSWEEP_FAULT names it (model.faults)
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow,
-              pytest.mark.skipif(pg_cluster.available() is not None, reason=str(pg_cluster.available()))]
+              pytest.mark.skipif(pg_cluster.available() is not None and not under_ci(),
+                              reason=str(pg_cluster.available()))]
 
 ROWS: list[dict[str, Any]] = []
 
@@ -107,15 +106,6 @@ def record(fault: str, outcome: str, lost: int, recover_s: float | None, rerun: 
 
 
 # -- fixtures --------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """One local Ray for the module; in-process drivers use it, subprocess drivers join it by address."""
-    import ray
-
-    with local_ray("sweep-faults"):
-        yield ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture
@@ -233,40 +223,37 @@ def stamp(dt: Any) -> float | None:
     return dt.timestamp() if dt is not None else None
 
 
-def run_driver(sw: Sweep, inject: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run the sweep's driver in this process (Ray from the module fixture) while ``inject`` runs beside it."""
-    got: dict[str, Any] = {}
-    errors: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            got.update(inject() if inject else {})
-        except BaseException as e:  # surfaced after the driver returns
-            errors.append(e)
-
-    th = threading.Thread(target=body, daemon=True)
-    th.start()
-    out = io.StringIO()
-    rc = Driver(load(sw.spec), out=out, poll_s=0.5).run()
-    th.join(timeout=180)
-    sw.log = out.getvalue()
-    if errors:
-        raise errors[0]
+def run_driver(sw: Sweep, head: Head, inject: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the sweep's driver in a process of its own, joined to the module's head, while ``inject`` runs here;
+    the driver must exit 0."""
+    log = sw.art.parent / f"{sw.name}.driver.log"
+    proc = start_driver(sw, head, log, child=True)
+    try:
+        got = inject() if inject else {}
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:  # an inject that failed, or a driver that hangs: only this test's own driver
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        sw.log = log.read_text(errors="replace")
     assert rc == 0, sw.log
     return got
 
 
-def start_driver(sw: Sweep, address: str, log: Path) -> subprocess.Popen[bytes]:
-    """A driver in its own process, joined to the module's Ray (as on a cluster)."""
-    env = sweep_env(sw.url, sw.art, RAY_ADDRESS=address)
-    return subprocess.Popen(sweep_cmd("run", str(sw.spec)), env=env, cwd=ROOT, stdout=open(log, "wb"),  # noqa: SIM115
+def start_driver(sw: Sweep, head: Head, log: Path, child: bool = False) -> subprocess.Popen[bytes]:
+    """A driver in its own process, joined to the module's Ray head (as on a cluster); ``child``: polling every
+    0.5 s (tests.driver_child) rather than the command's 1 s."""
+    env = head_env(head, sw.url, sw.art)
+    cmd = ([sys.executable, "-m", "tests.driver_child", str(sw.spec), "--poll-s", "0.5"] if child
+           else sweep_cmd("run", str(sw.spec)))
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "wb"),  # noqa: SIM115
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], overshoot: int = 0) -> dict[str, Any]:
-    """The checks every fault ends with; returns the trials and the number lost (asserted to be 0)."""
-    import ray
-
+def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], head: Head | None = None,
+           overshoot: int = 0) -> dict[str, Any]:
+    """The checks every fault ends with; returns the trials and the number lost (asserted to be 0). With the
+    module's ``head``, every CPU of it must be free again."""
     trials = trials_of(sw)
     by_number = {t.number: t for t in trials}
     assert [t.number for t in trials] == list(range(len(trials))), "trial numbers must be unique and contiguous"
@@ -293,9 +280,9 @@ def settle(sw: Sweep, before: dict[int, tuple[str, float | None]], overshoot: in
     done = sum(counts(t) for t in trials)
     assert sw.n_trials <= done <= sw.n_trials + overshoot, f"{done} counted trials, wanted {sw.n_trials}\n{detail}"
     wait_for(lambda: not trainer_pids(sw), 30, what="every trainer process of the sweep to be gone")
-    if ray.is_initialized():
-        wait_for(lambda: ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0), 30,
-                 what="every Ray CPU to be free")
+    if head is not None:
+        cpus = free_cpus(head)
+        assert cpus["free"] >= cpus["total"] > 0, f"Ray CPUs still held after the sweep: {cpus}\n{detail}"
     return {"trials": trials, "lost": lost, "done": done, "by_number": by_number}
 
 
@@ -319,8 +306,8 @@ def test_sigkill_of_a_trainer(ray_cluster, make_sweep):
         os.kill(pid, signal.SIGKILL)
         return {"t": t, "before": before}
 
-    got = run_driver(sw, inject)
-    res = settle(sw, got["before"])
+    got = run_driver(sw, ray_cluster, inject)
+    res = settle(sw, got["before"], ray_cluster)
     failed = res["by_number"][0]
     assert failed.state.name == "FAIL" and failed.user_attrs["fail_kind"] == "crash", outcome_text(res["trials"])
     assert "SIGKILL" in failed.user_attrs["fail_reason"]
@@ -344,8 +331,8 @@ def test_sigkill_of_a_ray_worker(ray_cluster, make_sweep):
         wait_for(lambda: not alive(trainer), 30, what="the orphaned trainer to be reaped")
         return {"t": t, "before": before, "reaped_s": time.time() - t}
 
-    got = run_driver(sw, inject)
-    res = settle(sw, got["before"])
+    got = run_driver(sw, ray_cluster, inject)
+    res = settle(sw, got["before"], ray_cluster)
     failed = res["by_number"][0]
     assert failed.state.name == "FAIL" and failed.user_attrs["fail_kind"] == "lost", outcome_text(res["trials"])
     (retry,) = [t for t in res["trials"] if t.user_attrs.get("retry_of") == 0]
@@ -377,7 +364,7 @@ def test_sigkill_of_the_driver_then_resume(ray_cluster, make_sweep, tmp_path):
     second = start_driver(sw, ray_cluster, tmp_path / "second.log")
     assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()
     sw.log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
-    res = settle(sw, before)
+    res = settle(sw, before, ray_cluster)
     lost = {t.number for t in res["trials"] if t.user_attrs.get("fail_kind") == "lost"}
     # Each trial running at the kill was failed as lost and retried (settle checks the retry), or its
     # supervisor outlived the driver for the moment it needed to finish and store its own result.
@@ -391,7 +378,7 @@ def test_sigkill_of_the_driver_then_resume(ray_cluster, make_sweep, tmp_path):
 OUTAGE_S = 60 if FULL else 5
 
 
-def _store_fault(sw: Sweep, fault: Callable[[], None]) -> dict[str, Any]:
+def _store_fault(sw: Sweep, head: Head, fault: Callable[[], None]) -> dict[str, Any]:
     """Run the sweep while ``fault`` takes its store away and gives it back once both trials train; when
     it came back (``t1``) and when the sweep first wrote to it again."""
 
@@ -418,8 +405,8 @@ def _store_fault(sw: Sweep, fault: Callable[[], None]) -> dict[str, Any]:
         back = wait_for(fresh_write, 90, interval=0.2, what="a write to the store after the fault")
         return {"before": before, "t0": t0, "t1": t1, "back": back}
 
-    got = run_driver(sw, inject)
-    res = settle(sw, got["before"])
+    got = run_driver(sw, head, inject)
+    res = settle(sw, got["before"], head)
     reasons = {t.number: t.user_attrs.get("fail_reason") for t in res["trials"] if t.state.name != "COMPLETE"}
     assert not reasons, f"{outcome_text(res['trials'])}: {reasons}\n{sw.log[-3000:]}"
     # Nothing counted that did not run: every trial counted started its trainer exactly once and trained.
@@ -428,13 +415,19 @@ def _store_fault(sw: Sweep, fault: Callable[[], None]) -> dict[str, Any]:
     return {**got, **res}
 
 
+# The rows that only FAULTS_FULL=1 runs (make faults, and .ci/run after make test: `-m faults_full`).
+FULL_ONLY = [pytest.mark.faults_full, pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 only (make faults; "
+                                                                          ".ci/run runs it after make test)")]
+BEHIND_PROXY = pytest.mark.parametrize("proxy", [False, pytest.param(True, marks=FULL_ONLY)], ids=["direct", "proxy"])
+
+
 # One restart per short run; FAULTS_FULL=1 restarts behind the gRPC proxy too.
-@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
+@BEHIND_PROXY
 def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, private_pg, monkeypatch, proxy):
     sw = make_sweep("f_pg_restart_proxy" if proxy else "f_pg_restart")
     if proxy:
         monkeypatch.setenv(st.ENV_PROXY, "1")
-    got = _store_fault(sw, private_pg.restart)  # the module's own server, never the machine's
+    got = _store_fault(sw, ray_cluster, private_pg.restart)  # the module's own server, never the machine's
     if proxy:
         assert "storage proxy: workers use grpc://" in sw.log, sw.log
     record("PostgreSQL restart" + (" behind the proxy" if proxy else ""),
@@ -443,7 +436,7 @@ def test_postgres_restart_mid_sweep(ray_cluster, make_sweep, private_pg, monkeyp
 
 
 # FAULTS_FULL=1 cuts the store off behind the gRPC proxy too (the workers reach it through the driver's proxy).
-@pytest.mark.parametrize("proxy", [False, True] if FULL else [False], ids=["direct", "proxy"][: 2 if FULL else 1])
+@BEHIND_PROXY
 def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg, monkeypatch, proxy):
     sw = make_sweep("f_store_away_proxy" if proxy else "f_store_away")
     if proxy:
@@ -454,7 +447,7 @@ def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg, monkey
         time.sleep(OUTAGE_S)
         private_pg.start()
 
-    got = _store_fault(sw, outage)
+    got = _store_fault(sw, ray_cluster, outage)
     assert "storage: reachable again after" in sw.log, sw.log  # the driver waited it out and said so
     if proxy:
         assert "storage proxy: workers use grpc://" in sw.log, sw.log
@@ -463,13 +456,14 @@ def test_store_unreachable_mid_sweep(ray_cluster, make_sweep, private_pg, monkey
            outcome_text(got["trials"]) + f"; {got['done']} counted", got["lost"], got["back"] - got["t1"])
 
 
-def _trainer_fault(make_sweep: Callable[..., Sweep], name: str, fault: str, **kw: Any) -> tuple[Sweep, dict[str, Any]]:
+def _trainer_fault(make_sweep: Callable[..., Sweep], head: Head, name: str, fault: str,
+                   **kw: Any) -> tuple[Sweep, dict[str, Any]]:
     """A sweep whose trial 0 runs the trainer's ``fault`` at step 3 while trial 1 trains normally."""
     sw = make_sweep(name, fault=fault, **kw)
     enqueue(sw, {**HEALTHY, "seed": FAULTY_SEED}, {**HEALTHY, "seed": 0},
             *({**HEALTHY, "seed": 0, "depth": 2} for _ in range(sw.n_trials - 2)))
-    run_driver(sw)
-    res = settle(sw, {})
+    run_driver(sw, head)
+    res = settle(sw, {}, head)
     return sw, res
 
 
@@ -483,7 +477,8 @@ def _since_last_event(sw: Sweep, t: Any) -> float | None:
 
 def test_hung_trainer(ray_cluster, make_sweep):
     # A short hard deadline (budget + 15 s start-up + 8 s eval): the hung trainer ignores SIGTERM.
-    sw, res = _trainer_fault(make_sweep, "f_hang", "hang", trial={"startup_allowance_s": 15, "eval_timeout_s": 8})
+    sw, res = _trainer_fault(make_sweep, ray_cluster, "f_hang", "hang",
+                             trial={"startup_allowance_s": 15, "eval_timeout_s": 8})
     hung = res["by_number"][0]
     assert hung.state.name == "FAIL" and hung.user_attrs["fail_kind"] == "deadline", outcome_text(res["trials"])
     assert all(t.state.name == "COMPLETE" for t in res["trials"][1:]), outcome_text(res["trials"])
@@ -492,7 +487,7 @@ def test_hung_trainer(ray_cluster, make_sweep):
 
 
 def test_diverging_trainer(ray_cluster, make_sweep):
-    sw, res = _trainer_fault(make_sweep, "f_diverge", "diverge")
+    sw, res = _trainer_fault(make_sweep, ray_cluster, "f_diverge", "diverge")
     bad = res["by_number"][0]
     assert bad.state.name == "PRUNED" and bad.user_attrs["fail_kind"] == "diverged", outcome_text(res["trials"])
     assert all(t.state.name == "COMPLETE" for t in res["trials"][1:]), outcome_text(res["trials"])
@@ -502,7 +497,8 @@ def test_diverging_trainer(ray_cluster, make_sweep):
 def test_out_of_memory_trainer(ray_cluster, make_sweep):
     # Every trainer of the sweep gets a 3 GiB address space (RLIMIT_AS, sweep.spec.limits): the healthy one
     # trains within it, the faulty one allocates until the allocator refuses.
-    sw, res = _trainer_fault(make_sweep, "f_oom", "oom", **{"trial.env": {"SWEEP_TRIAL_MEMORY_MB": "3072"}})
+    sw, res = _trainer_fault(make_sweep, ray_cluster, "f_oom", "oom",
+                             **{"trial.env": {"SWEEP_TRIAL_MEMORY_MB": "3072"}})
     bad = res["by_number"][0]
     assert bad.state.name == "FAIL" and bad.user_attrs["fail_kind"] == "oom", outcome_text(res["trials"])
     assert all(t.state.name == "COMPLETE" for t in res["trials"][1:]), outcome_text(res["trials"])
@@ -515,7 +511,7 @@ def full_disk(path: Path) -> Iterator[None]:
     path.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+        skip_unless_ci(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
     try:
         with contextlib.suppress(OSError), open(path / "filler", "wb") as f:
             while True:
@@ -532,8 +528,8 @@ def test_full_artifacts_disk(ray_cluster, make_sweep):
         with pytest.raises(OSError):
             (sw.art / "probe").write_bytes(b"x" * 4096)
         t0 = time.time()
-        run_driver(sw)
-        res = settle(sw, {})
+        run_driver(sw, ray_cluster)
+        res = settle(sw, {}, ray_cluster)
     trials = res["trials"]
     assert all(t.state.name == "COMPLETE" for t in trials), outcome_text(trials)
     assert all(t.user_attrs.get("artifacts_error") for t in trials), [t.user_attrs for t in trials]
@@ -560,15 +556,15 @@ def test_two_drivers_on_one_study(ray_cluster, make_sweep, tmp_path):
     assert rc == (0, 0), sw.log
     # Each driver counts the other's running trials, but both may ask in the same instant: at most
     # one trial per driver beyond n_trials.
-    res = settle(sw, {}, overshoot=1)
+    res = settle(sw, {}, ray_cluster, overshoot=1)
     originals = [json.dumps(t.params, sort_keys=True) for t in res["trials"] if "retry_of" not in t.user_attrs]
     assert len(originals) == len(set(originals)), "a point was proposed twice"
     record("two drivers on one study", outcome_text(res["trials"]) + f"; {res['done']} counted of {sw.n_trials}",
            res["lost"], None)
 
 
-@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 (make faults); make test runs the short form, "
-                                     "tests/sweep/run/test_autoscale.py")
+@pytest.mark.faults_full  # make test runs the short form, tests/sweep/run/test_autoscale.py
+@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 only (make faults; .ci/run runs it after make test)")
 def test_worker_node_removed_from_an_autoscaling_cluster(make_sweep, tmp_path):
     """Ray's fake autoscaling cluster, from zero workers; the node under a training trial is taken away."""
     from sweep.run import liveness
@@ -801,7 +797,8 @@ def test_raylet_killed_mid_sweep_local(make_sweep, tmp_path):
            got["recover_s"], len(got["reruns"]))
 
 
-@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 only: the raylet row covers its stop and resume in short")
+@pytest.mark.faults_full  # in make test, the raylet row covers its stop and resume in short
+@pytest.mark.skipif(not FULL, reason="FAULTS_FULL=1 only (make faults; .ci/run runs it after make test)")
 def test_gcs_killed_mid_sweep_local(make_sweep, tmp_path):
     # Ray ends a driver whose GCS has been away 60 s; the driver must have stopped cleanly well before.
     got = _kill_local_ray_part(make_sweep, tmp_path, "f_gcs_kill", "gcs_server")
@@ -834,7 +831,7 @@ sys.exit(main(["run", sys.argv[1]]))
 def test_driver_killed_between_ask_and_suggest(ray_cluster, make_sweep, tmp_path):
     sw = make_sweep("f_mid_suggest")
     enqueue(sw, HEALTHY)  # trial 0: a whole point from the start; trial 1 is sampled, killed mid-draw
-    env = sweep_env(sw.url, sw.art, RAY_ADDRESS=ray_cluster, KILL_AT="1")
+    env = head_env(ray_cluster, sw.url, sw.art, KILL_AT="1")
     with open(tmp_path / "first.log", "wb") as log:
         first = subprocess.run([sys.executable, "-c", KILL_MID_SUGGEST, str(sw.spec)], env=env, cwd=ROOT,
                                stdout=log, stderr=subprocess.STDOUT, timeout=180)
@@ -850,7 +847,7 @@ def test_driver_killed_between_ask_and_suggest(ray_cluster, make_sweep, tmp_path
             os.killpg(second.pid, signal.SIGKILL)
             second.wait()
     sw.log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
-    res = settle(sw, {})
+    res = settle(sw, {}, ray_cluster)
     by = res["by_number"]
     half = by[1]  # never ran: failed without counting, and never run with what it lacked drawn anew
     assert half.state.name == "FAIL" and half.user_attrs["fail_kind"] == "infra" and not counts(half), sw.log

@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import boto3
+import moto
 import pytest
 from botocore.stub import Stubber
-
-moto = pytest.importorskip("moto")
 
 from infra import ami, buckets, iam, network, secrets, sync  # noqa: E402
 from infra.aws import BadInput, InfraError, call, translate  # noqa: E402

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import boto3
+import moto
 import pytest
 
 from infra.cli import main
-
-moto = pytest.importorskip("moto")
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-2"

@@ -24,6 +24,7 @@ from infra import cluster, network
 from infra.aws import BadInput, InfraError
 from infra.cli import main
 from sweep.neuron import versions
+from tests.ci import under_ci
 from tests.infra.dlami import image as dlami
 from tests.infra.dlami import publish
 
@@ -165,7 +166,7 @@ def test_makefile_torch_pin(tmp_path):
 
 @pytest.fixture
 def moto_aws(monkeypatch, tmp_path):
-    moto = pytest.importorskip("moto")
+    import moto
     for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
@@ -282,7 +283,8 @@ def _local_postgres() -> bool:
         ["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _local_postgres(), reason="needs the PostgreSQL at 127.0.0.1:5432 (.ci/run starts it)")
+@pytest.mark.skipif(not _local_postgres() and not under_ci(),
+                    reason="needs the PostgreSQL at 127.0.0.1:5432 (.ci/run starts it)")
 def test_head_postgres_sql_is_idempotent_and_grants_login(tmp_path):
     """The SQL half of head_postgres.sh, run twice against the local server as user postgres."""
     lines = cluster.TEMPLATE.parent.joinpath("head_postgres.sh").read_text().splitlines()

@@ -25,10 +25,20 @@ from sweep import store as st
 from sweep.run import notes
 from sweep.spec import spec_hash
 from sweep.store import artifacts as art
-from tests.sweep_fixtures import ROOT, pg_available, pg_database, run_sweep, sweep_cmd, sweep_env, tiny_spec, write_spec
+from tests.sweep_fixtures import (
+    ROOT,
+    head_env,
+    pg_available,
+    pg_database,
+    run_sweep,
+    sweep_cmd,
+    sweep_env,
+    tiny_spec,
+    write_spec,
+)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SHOTS = Path(os.environ.get("SWEEP_DASHBOARD_SHOTS") or ROOT / "runs")  # where the screenshots go
+SHOTS = os.environ.get("SWEEP_DASHBOARD_SHOTS")  # where the screenshots are kept for a look; else the test's tmp
 NO_CHROMIUM = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                  reason="no chromium here (apt-get install chromium); CI must have it")
 TRIAL = {"budget_s": 3, "startup_allowance_s": 30, "eval_timeout_s": 30, "eval_fractions": [0.5], "heartbeat_s": 1,
@@ -36,13 +46,13 @@ TRIAL = {"budget_s": 3, "startup_allowance_s": 30, "eval_timeout_s": 30, "eval_f
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory, data_cache):
-    """A real two-trial sweep (local Ray, the real trainer), its journal and its artifacts."""
+def swept(tmp_path_factory, data_cache, ray_cluster):
+    """A real two-trial sweep (the session's Ray head, the real trainer), its journal and its artifacts."""
     d = tmp_path_factory.mktemp("dash")
     url = st.resolve_url(f"journal:{d / 'j.log'}")
     spec = write_spec(d, "dash", tiny_spec(data_cache, study={"n_trials": 2, "concurrency": 2, "seed": 5},
                                            trial=TRIAL))
-    proc = run_sweep("run", str(spec), env=sweep_env(url, d / "art"), timeout=240)
+    proc = run_sweep("run", str(spec), env=head_env(ray_cluster, url, d / "art"), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return SimpleNamespace(url=url, art=str(d / "art"), spec=spec, name="dash", dir=d)
 
@@ -191,8 +201,9 @@ def _main(html: str) -> str:
 
 
 def _shoot(server: str, path: str, name: str, tmp_path: Path, size: str = "1400,1000") -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    png = SHOTS / f"{name}.png"
+    shots = Path(SHOTS) if SHOTS else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    png = shots / f"{name}.png"
     png.unlink(missing_ok=True)
     shot = _chromium(f"--screenshot={png}", f"--window-size={size}", f"{server}{path}", tmp_path=tmp_path)
     assert shot.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]

@@ -11,14 +11,12 @@ import os
 import subprocess
 import sys
 
+import boto3
+import moto
 import pytest
 
-from sweep import neuron
-
-moto = pytest.importorskip("moto")
-boto3 = pytest.importorskip("boto3")
-
 from infra import sync as infra_sync  # noqa: E402  (tests may use infra; sweep runs it as a CLI)
+from sweep import neuron
 
 BUCKET = "trnsweep-cache-test"
 REGION = "us-east-2"

@@ -24,25 +24,10 @@ from sweep.run.remote import run_trial
 from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.run.warm import WarmPicker, pick_warm
 from sweep.spec import SpecError, load
+from tests.neuron_standins import FAKE_LS, NEURON_LS, write_tools
 from tests.sweep_fixtures import FIXED, ROOT, tiny_spec, write_spec
 
 # -- stand-in Neuron tools ----------------------------------------------------------------------------
-
-# `neuron-ls --json-output` of a two-chip node at LNC 2: 4 logical cores per device.
-NEURON_LS = [
-    {"neuron_device": 0, "bdf": "0000:00:1e.0", "cpu_affinity": "0-23", "numa_node": "0", "connected_to": [1],
-     "nc_count": 4, "memory_size": 103079215104, "neuroncore_ids": [0, 1, 2, 3], "neuron_processes": []},
-    {"neuron_device": 1, "bdf": "0000:00:1f.0", "cpu_affinity": "24-47", "numa_node": "0", "connected_to": [0],
-     "nc_count": 4, "memory_size": 103079215104, "neuroncore_ids": [4, 5, 6, 7], "neuron_processes": []},
-]
-
-FAKE_LS = """\
-#!{python}
-import json, sys
-if "--json-output" not in sys.argv:
-    sys.exit("neuron-ls stand-in: only --json-output")
-print(json.dumps({devices}, indent=4))
-"""
 
 # neuron-monitor: one report per period; the trial's trainer (found by the marker in its command line)
 # appears as a runtime on cores 4 and 5, beside a runtime of another process that must not count.
@@ -87,17 +72,6 @@ while True:
     i += 1
     time.sleep(0.1)
 """
-
-
-def write_tools(bin_dir: Path, monitor: str) -> Path:
-    """Executable stand-ins in a new ``bin_dir``: neuron-ls listing NEURON_LS, and the neuron-monitor
-    script ``monitor`` (a template filled with this interpreter's path)."""
-    bin_dir.mkdir()
-    for name, text in (("neuron-ls", FAKE_LS.format(python=sys.executable, devices=repr(NEURON_LS))),
-                       ("neuron-monitor", monitor.format(python=sys.executable))):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
 
 
 @pytest.fixture
@@ -508,20 +482,28 @@ def test_precompile_without_neuron_cores_says_it_runs_on_the_cluster(tmp_path):
 
 
 @pytest.mark.slow
-def test_precompile_runs_one_compile_only_trainer_per_shape(tmp_path, data_cache, monkeypatch):
-    """On a local Ray without the Neuron check: each shape's trainer stops after its uncharged steps + 1."""
+def test_precompile_runs_one_compile_only_trainer_per_shape(tmp_path, data_cache):
+    """precompile.run without the Neuron check, in a process of its own joined to a Ray head of the test's
+    own: each shape's trainer stops after its uncharged steps + 1."""
+    from tests.ray_head import ray_head
+    from tests.sweep_fixtures import head_env
+
     fixed = {**{k: v for k, v in FIXED.items() if k != "seq_len"}, "cache_dir": data_cache, "depth": 1,
              "model_dim": 32}
-    spec = load(write_spec(tmp_path, "pc", tiny_spec(**{
+    path = write_spec(tmp_path, "pc", tiny_spec(**{
         "fixed": fixed, "params.depth": None, "params.model_dim": None,
-        "params.seq_len": {"type": "categorical", "choices": [16, 32]}})))
-    names, shapes = precompile.enumerate_shapes(spec)
+        "params.seq_len": {"type": "categorical", "choices": [16, 32]}}))
+    names, shapes = precompile.enumerate_shapes(load(path))
     assert names == ["seq_len"] and len(shapes) == 2
     url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
-    monkeypatch.setenv("SWEEP_ARTIFACTS", str(tmp_path / "art"))
-    out = io.StringIO()
-    assert precompile.run(spec, shapes, url, out, require=None) == 0, out.getvalue()
-    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    code = ("import sys\nfrom sweep.run import precompile\nfrom sweep.spec import load\n"
+            "spec = load(sys.argv[1])\n_, shapes = precompile.enumerate_shapes(spec)\n"
+            "sys.exit(precompile.run(spec, shapes, sys.argv[2], sys.stdout, require=None))\n")
+    with ray_head(node_env={"SWEEP_ARTIFACTS": str(tmp_path / "art")}) as head:  # the node's, as precompile reads
+        r = subprocess.run([sys.executable, "-c", code, str(path), url], capture_output=True, text=True, cwd=ROOT,
+                           env=head_env(head, url, tmp_path / "art"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert {r["graph_key"] for r in lines[:-1]} == {s.key for s in shapes} and all(r["ok"] for r in lines[:-1])
     assert lines[-1] == {"study": "pc", "compiled": 2, "failed": 0}
     study = optuna.load_study(study_name="pc", storage=st.open_storage(url))

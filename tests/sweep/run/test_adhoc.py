@@ -3,19 +3,12 @@ to a real ``ray start --head`` on loopback with token authentication."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +19,15 @@ from sweep.run.outcome import counts
 from sweep.spec import load as load_spec
 from sweep.spec import spec_hash
 from sweep.store import artifacts as art
+from tests.ray_head import Head, ray_head
 from tests.sweep_fixtures import (
     ROOT,
+    head_env,
     load_trials,
-    local_ray,
     pg_available,
     pg_database,
     run_sweep,
     sweep_cmd,
-    sweep_env,
     tiny_spec,
     wait_for,
     write_spec,
@@ -126,9 +119,10 @@ def test_no_wait_enqueues_partial_params_from_a_file(tmp_path, monkeypatch, caps
 # -- a running sweep picks an enqueued trial up ------------------------------------------------------------
 
 @pytest.mark.slow
-def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_record(tmp_path, data_cache):
+def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_record(tmp_path, data_cache,
+                                                                                  ray_cluster):
     url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
-    env = sweep_env(url, tmp_path / "art")
+    env = head_env(ray_cluster, url, tmp_path / "art")
     spec = _spec(tmp_path, "live", data_cache, budget_s=4, study={"n_trials": 1, "concurrency": 2, "seed": 1})
     waiter = subprocess.Popen(sweep_cmd("trial", "--study", str(spec), "--params", json.dumps(GOOD), "--budget-s", "3"),
                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -161,7 +155,8 @@ def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_recor
 # -- --now: the point runs to its end unless --prunable, and the command speaks of it alone -----------------
 
 @pytest.mark.slow
-def test_now_is_not_pruned_unless_prunable_and_a_pruned_trial_exits_0(tmp_path, monkeypatch, data_cache, capsys):
+def test_now_is_not_pruned_unless_prunable_and_a_pruned_trial_exits_0(tmp_path, monkeypatch, data_cache, capsys,
+                                                                      ray_cluster):
     import optuna
     from optuna.trial import TrialState, create_trial
 
@@ -173,11 +168,12 @@ def test_now_is_not_pruned_unless_prunable_and_a_pruned_trial_exits_0(tmp_path, 
     study = optuna.create_study(study_name="prn", storage=st.open_storage(url))
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.0, params=GOOD, intermediate_values={2: 0.0},
                                  distributions=load_spec(spec).space.distributions(GOOD)))
-    with local_ray("adhoc-prune"):
-        assert cli.main(["trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now"]) == 0
-        kept = capsys.readouterr().out
-        assert cli.main(["trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now", "--prunable"]) == 0
-        pruned = capsys.readouterr().out
+    env = head_env(ray_cluster, url, tmp_path / "art")
+    runs = [run_sweep("trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now", *extra, env=env)
+            for extra in ((), ("--prunable",))]
+    for run in runs:
+        assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    kept, pruned = (run.stdout for run in runs)
     assert _last_json(kept)["state"] == "COMPLETE" and _last_json(pruned)["state"] == "PRUNED"
     for out in (kept, pruned):  # its own lines only: no study progress, no best of the study
         assert "progress:" not in out and "best:" not in out and "next:" not in out, out
@@ -192,71 +188,22 @@ def test_now_is_not_pruned_unless_prunable_and_a_pruned_trial_exits_0(tmp_path, 
 
 # -- ray job submit to a real head -------------------------------------------------------------------------
 
-@dataclass
-class Head:
-    dashboard: str  # the Jobs API, http://127.0.0.1:PORT
-    env: dict[str, str]  # carries RAY_AUTH_MODE=token and RAY_AUTH_TOKEN
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _session_members(sid: int) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(d.name))
-    return pids
-
-
-def _stop_head(sid: int) -> None:
-    """Stop exactly the cluster this module started: every process in the session ``ray start`` opened.
-
-    Not ``ray stop``: it signals every Ray process on the machine, other test runs' clusters included.
-    """
-    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        for pid in _session_members(sid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        end = time.monotonic() + wait_s
-        while _session_members(sid) and time.monotonic() < end:
-            time.sleep(0.2)
-    assert not _session_members(sid), "ray head processes survived SIGKILL"
-
-
 @pytest.fixture(scope="module")
-def ray_head():
-    temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
-           "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    dash = _free_port()
-    cmd = [RAY, "start", "--head", "--port", str(_free_port()), "--dashboard-host", "127.0.0.1",
-           "--dashboard-port", str(dash), "--ray-client-server-port", str(_free_port()),
-           "--dashboard-agent-listen-port", str(_free_port()), "--num-cpus", "2", "--temp-dir", temp,
-           "--disable-usage-stats"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, out[-4000:]
-        yield Head(f"http://127.0.0.1:{dash}", env)
-    finally:
-        _stop_head(proc.pid)
-        shutil.rmtree(temp, ignore_errors=True)
+def jobs_head() -> Iterator[Head]:
+    """A head with its Jobs API (the dashboard) on loopback and token authentication."""
+    with ray_head(dashboard=True) as head:
+        yield head
 
 
 def _job(head: Head, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([RAY, "job", *args, "--address", head.dashboard], env=head.env, cwd=ROOT,
+    return subprocess.run([RAY, "job", *args, "--address", head.dashboard], env=_env(head), cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _env(head: Head) -> dict[str, str]:
+    env = {**os.environ, **head.env}
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -267,7 +214,7 @@ def _job_status(head: Head, job_id: str) -> str:
     """The job's status as Ray's JobSubmissionClient reports it (in a process holding the token)."""
     code = ("import sys; from ray.job_submission import JobSubmissionClient as C; "
             "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)")
-    proc = subprocess.run([sys.executable, "-c", code, head.dashboard, job_id], env=head.env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code, head.dashboard, job_id], env=_env(head), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
@@ -275,7 +222,7 @@ def _job_status(head: Head, job_id: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not pg_available(), reason="PostgreSQL is not running")
-def test_ray_job_submit_runs_an_adhoc_trial_into_the_study(ray_head, tmp_path, data_cache):
+def test_ray_job_submit_runs_an_adhoc_trial_into_the_study(jobs_head, tmp_path, data_cache):
     spec = _spec(tmp_path, "jobs", data_cache, budget_s=3)
     with pg_database() as url:
         # What `make job` sends: Ray leaves .git out of the working dir, so the commit travels as a variable.
@@ -284,15 +231,15 @@ def test_ray_job_submit_runs_an_adhoc_trial_into_the_study(ray_head, tmp_path, d
         runtime_env = {"env_vars": {"SWEEP_STORAGE": url, "SWEEP_ARTIFACTS": str(tmp_path / "art"),
                                     art.ENV_GIT_COMMIT: commit + ("-dirty" if dirty else "")}}
         submit = subprocess.run(
-            [RAY, "job", "submit", "--address", ray_head.dashboard, "--working-dir", ".",
+            [RAY, "job", "submit", "--address", jobs_head.dashboard, "--working-dir", ".",
              "--runtime-env-json", json.dumps(runtime_env), "--",
              sys.executable, "-m", "sweep", "trial", "--study", str(spec), "--params", json.dumps(GOOD), "--now"],
-            env=ray_head.env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            env=_env(jobs_head), cwd=ROOT, capture_output=True, text=True, timeout=300)
         log = submit.stdout + submit.stderr
         assert submit.returncode == 0, log[-6000:]
         job_id = re.search(r"raysubmit_\w+", log).group(0)
-        assert _job_status(ray_head, job_id) == "SUCCEEDED"
-        printed = _last_json(_job(ray_head, "logs", job_id).stdout)
+        assert _job_status(jobs_head, job_id) == "SUCCEEDED"
+        printed = _last_json(_job(jobs_head, "logs", job_id).stdout)
 
         (t,) = load_trials(url, "jobs")
         assert t.state.name == "COMPLETE" and t.params == GOOD and t.user_attrs["adhoc"] is True
@@ -303,7 +250,7 @@ def test_ray_job_submit_runs_an_adhoc_trial_into_the_study(ray_head, tmp_path, d
         assert names == {"config.json", "trainer.log", "events.jsonl", "result.json", "final.pt"}
 
     # Without the token the head refuses the submission.
-    anon = {k: v for k, v in ray_head.env.items() if not k.startswith("RAY_AUTH")}
-    refused = subprocess.run([RAY, "job", "list", "--address", ray_head.dashboard], env={**anon, "HOME": str(tmp_path)},
-                             capture_output=True, text=True, timeout=60)
+    anon = {k: v for k, v in jobs_head.env.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run([RAY, "job", "list", "--address", jobs_head.dashboard],
+                             env={**anon, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "token" in (refused.stdout + refused.stderr).lower()

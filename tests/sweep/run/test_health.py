@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ from sweep.run.outcome import (
     rerun_params,
     reruns_due,
 )
-from tests.sweep_fixtures import wait_for
+from tests.sweep_fixtures import ROOT, wait_for
 
 
 def _server_gone() -> sa_exc.OperationalError:
@@ -152,69 +153,40 @@ def _driver(tmp_path, monkeypatch, name: str, study: dict, trial: dict | None = 
     return Driver(load(spec), out=io.StringIO(), poll_s=0.2)
 
 
-def test_on_a_cluster_the_driver_waits_for_nodes_up_to_infra_wait_s(tmp_path, monkeypatch):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from sweep.run import driver as drv
-
-    monkeypatch.setattr(drv, "PROBE_EVERY_S", 0.0)
-    d = _driver(tmp_path, monkeypatch, "waits", {"n_trials": 2, "concurrency": 1, "infra_wait_s": 3})
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # a head that runs no trial
-    try:
-        worker = cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, namespace="sweep-health", log_to_driver=False)
-        d.open_study()
-        d.connect_ray()
-        assert not d.watch.local and d.check_ray()
-        t = d.study.ask()
-        assert d.lost_to_infra(t.number, t._trial_id, "lost to the infrastructure: its node died")
-        cluster.remove_node(worker)
-        wait_for(lambda: d.watch.fits({"CPU": 1.0}) is False, 60, what="the node to be gone")
-        assert not d.check_ray()  # no node can hold a trial: launch nothing, wait
-        assert "waiting up to 3 s for nodes ([study] infra_wait_s)" in d.out.getvalue()
-        cluster.add_node(num_cpus=1)
-        wait_for(d.check_ray, 60, what="the driver to launch again")
-        assert "nodes are back" in d.out.getvalue()
-        d.lost_to_infra(d.study.ask().number, d.study.get_trials()[-1]._trial_id, "lost again")
-        for n in list(cluster.worker_nodes):
-            cluster.remove_node(n)
-        with pytest.raises(drv.SweepStopped, match=r"no live Ray node can hold a trial for 3 s \(\[study\] infra_w"):
-            wait_for(lambda: d.check_ray() and False, 60, what="the wait to run out")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        _forget_cluster(cluster.address)
+def test_on_a_cluster_the_driver_waits_for_nodes_up_to_infra_wait_s(tmp_path):
+    # The driver's own steps beside a cluster whose nodes come and go: in a process of its own (the scenario's
+    # asserts are this test's), so that no Ray driver runs in the pytest process.
+    proc = subprocess.run([sys.executable, "-m", "tests.ray_scenarios", "infra_wait", str(tmp_path)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (proc.stdout + proc.stderr)[-6000:]
 
 
-def _forget_cluster(address: str) -> None:
-    """Ray's head writes its address where a later ``ray.init()`` without one would join it; a test's cluster
-    that is gone must not be joined by the next local Ray of this machine."""
-    from pathlib import Path
+def _child_driver(spec, env: dict[str, str], *assignments: str, poll_s: float = 0.2,
+                  timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The spec's driver in a process of its own (tests.driver_child), with the module settings given."""
+    cmd = [sys.executable, "-m", "tests.driver_child", str(spec), "--poll-s", str(poll_s)]
+    for a in assignments:
+        cmd += ["--set", a]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
-    current = Path("/tmp/ray/ray_current_cluster")
-    if current.exists() and current.read_text().strip() == address:
-        current.unlink()
 
-
-def test_a_sweep_whose_trials_all_fail_alike_stops_before_the_study_is_spent(tmp_path, monkeypatch):
+def test_a_sweep_whose_trials_all_fail_alike_stops_before_the_study_is_spent(tmp_path, monkeypatch, ray_cluster):
     from sweep.run.driver import EXIT_STOPPED
-    from tests.sweep_fixtures import local_ray
+    from tests.sweep_fixtures import head_env
 
     # Every trainer dies at import: each trial crashes, the same way.
     d = _driver(tmp_path, monkeypatch, "breaker", {"n_trials": 20, "concurrency": 1, "seed": 0,
                                                    "max_failures_in_a_row": 3},
                 {"budget_s": 2, "eval_timeout_s": 5, "eval_fractions": [0.5], "trainer": "sweep.no_such_trainer"})
     spec = d.spec.path
-    with local_ray("sweep-health"):
-        rc = d.run()
-    log = d.out.getvalue()
-    assert rc == EXIT_STOPPED, log
+    url = f"journal:{tmp_path / 'j.log'}"
+    run = _child_driver(spec, head_env(ray_cluster, url, tmp_path / "art"))
+    rc, log = run.returncode, run.stdout
+    assert rc == EXIT_STOPPED, log + run.stderr[-3000:]
     last = log.strip().splitlines()[-1]
     assert last.startswith("sweep stopped: circuit breaker: 3 trials in a row ended FAIL (crash)"), log
     assert "[study] max_failures_in_a_row" in last and last.endswith(f"-m sweep run {spec}"), last
-    trials = optuna.load_study(study_name="breaker", storage=st.open_storage(f"journal:{tmp_path / 'j.log'}")
-                               ).get_trials()
+    trials = optuna.load_study(study_name="breaker", storage=st.open_storage(url)).get_trials()
     ran = [t for t in trials if t.state != TrialState.WAITING]
     assert len(ran) == 3 and all(t.user_attrs["fail_kind"] == "crash" for t in ran), log
     assert sum(counts(t) for t in trials) == 1  # the study is far from spent: resume once the cause is fixed
@@ -232,34 +204,36 @@ def _proxy(url: str, port: int) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.slow
-def test_the_driver_waits_out_a_store_outage_longer_than_its_retries(tmp_path, monkeypatch, data_cache):
+def test_the_driver_waits_out_a_store_outage_longer_than_its_retries(tmp_path, monkeypatch, data_cache,
+                                                                       ray_cluster):
     import socket
     import threading
     import time
 
-    from sweep.run import driver as drv
-    from tests.sweep_fixtures import load_trials, local_ray, pg_available, pg_database
+    from tests.sweep_fixtures import head_env, load_trials, pg_available, pg_database
 
-    # Each storage call's own patience (sweep.store.patience) gives up after 2 s here, not 300: what is left
-    # of the outage is the driver's to wait out (launching nothing), up to infra_wait_s.
-    monkeypatch.setattr(drv, "STORE_WAIT_S", 2.0)
     if not pg_available():
         pytest.skip("PostgreSQL on 127.0.0.1:5432 is not running")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pg_database() as pg, local_ray("sweep-health"):
+    # The driver's shorter schedule: each storage call tries 3 times (about 1 s, not 12 to 24), and its
+    # patience (sweep.store.patience) gives up after 2 s, not 300. An outage of outage_s outlasts both, so
+    # what is left of it is the driver's to wait out, launching nothing, up to infra_wait_s.
+    outage_s = 8
+    settings = ("sweep.run.driver:STORE_WAIT_S=2.0", "sweep.store.retry:ATTEMPTS=3")
+    with pg_database() as pg:
         st.open_storage(pg).engine.dispose()  # the schema, as a driver's first open makes it
         proxy = _proxy(pg, port)
         try:
+            url = f"grpc://127.0.0.1:{port}"
             d = _driver(tmp_path, monkeypatch, "outage", {"n_trials": 2, "concurrency": 1, "seed": 0},
                         {"budget_s": 3, "startup_allowance_s": 30, "eval_timeout_s": 20, "eval_fractions": [0.5],
-                         "heartbeat_s": 1, "stale_after_s": 60}, cache_dir=data_cache,
-                        storage=f"grpc://127.0.0.1:{port}")
+                         "heartbeat_s": 1, "stale_after_s": 60}, cache_dir=data_cache, storage=url)
             wait_for(lambda: proxy.poll() is None and _listening(port), 60, what="the proxy")
             outage: dict[str, float] = {}
 
-            def cut() -> None:  # once trial 0 runs: the store away for 35 s (a call's retries last about 20)
+            def cut() -> None:  # once trial 0 runs: the store away for outage_s
                 nonlocal proxy
                 wait_for(lambda: [t for t in load_trials(pg, "outage", missing_ok=True)
                                    if t.state.name == "RUNNING"], 120,
@@ -267,19 +241,19 @@ def test_the_driver_waits_out_a_store_outage_longer_than_its_retries(tmp_path, m
                 proxy.kill()
                 proxy.wait()
                 outage["t0"] = time.time()
-                time.sleep(35)
+                time.sleep(outage_s)
                 proxy = _proxy(pg, port)
                 outage["t1"] = time.time()
 
             th = threading.Thread(target=cut, daemon=True)
             th.start()
-            rc = d.run()
+            run = _child_driver(d.spec.path, head_env(ray_cluster, url, tmp_path / "art"), *settings)
             th.join(timeout=120)
         finally:
             proxy.kill()
             proxy.wait()
-        log = d.out.getvalue()
-        assert rc == 0 and "t1" in outage, log
+        log = run.stdout
+        assert run.returncode == 0 and "t1" in outage, log + run.stderr[-3000:]
         assert "store: unreachable (" in log and "store: reachable again after" in log, log
         trials = load_trials(pg, "outage")
         assert sum(counts(t) for t in trials) == 2 and not [t for t in trials if not t.state.is_finished()], log

@@ -59,8 +59,8 @@ def failed(fn, *args) -> pf.Check:
 
 @pytest.fixture
 def s3(monkeypatch):
-    moto = pytest.importorskip("moto")
     import boto3
+    import moto
 
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
                  "AWS_DEFAULT_REGION": "us-east-1"}.items():

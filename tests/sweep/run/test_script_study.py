@@ -22,8 +22,7 @@ import pytest
 from model.script import source
 from sweep.run.supervisor import Reporter, TrialTask
 from tests.kit_standin import prepare_text
-from tests.sweep.run.test_supervisor import supervise
-from tests.sweep_fixtures import ROOT, load_trials, run_sweep, sweep_env, write_spec
+from tests.sweep_fixtures import ROOT, head_env, load_trials, run_sweep, supervise, sweep_env, write_spec
 
 pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "sweep" / "studies" / "script-demo" / "train.py"
@@ -43,12 +42,12 @@ def sections(kit: Path, **trial) -> dict:
 
 
 @pytest.fixture(scope="module")
-def study(standin_kit, tmp_path_factory):
+def study(standin_kit, tmp_path_factory, ray_cluster):
     """The finished script study: (spec path, storage, env, the driver's stdout)."""
     tmp = tmp_path_factory.mktemp("script-study")
     spec = write_spec(tmp, "scripted", sections(standin_kit))
     storage = f"journal:{tmp / 'j.log'}"
-    env = sweep_env(storage, tmp / "artifacts")
+    env = head_env(ray_cluster, storage, tmp / "artifacts")
     proc = run_sweep("run", str(spec), env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return spec, storage, env, proc.stdout

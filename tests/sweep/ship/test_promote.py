@@ -15,7 +15,7 @@ from sweep import store as st
 from sweep.ship import promote
 from sweep.spec import load
 from sweep.spec import objective as obj
-from tests.sweep_fixtures import load_trials, run_sweep, sweep_env, tiny_spec, write_spec
+from tests.sweep_fixtures import head_env, load_trials, run_sweep, tiny_spec, write_spec
 
 # Student t quantiles t(0.975, df) from the table: df 1 and 2.
 T975 = {1: 12.706204736174705, 2: 4.302652729911275}
@@ -107,9 +107,10 @@ def test_maximize_ranks_and_clears_the_other_way():
 
 
 @pytest.mark.slow
-def test_promote_runs_replicates_on_ray_and_resumes_without_rerunning(tmp_path, monkeypatch, data_cache, capsys):
+def test_promote_runs_replicates_on_ray_and_resumes_without_rerunning(tmp_path, monkeypatch, data_cache, capsys,
+                                                                     ray_cluster):
     path, url, _, _ = _source(tmp_path, monkeypatch, data_cache, {"max_steps": 8})
-    env = sweep_env(url, tmp_path / "art")
+    env = head_env(ray_cluster, url, tmp_path / "art")
     args = ["promote", str(path), "--top", "2", "--budget-s", "2", "--json"]
 
     first = run_sweep(*args, "--seeds", "1", env=env, timeout=240)
@@ -133,11 +134,16 @@ def test_promote_runs_replicates_on_ray_and_resumes_without_rerunning(tmp_path, 
     assert len(after) == 4 and all(t.state.name == "COMPLETE" for t in after.values())
     for n, t in before.items():  # the finished replicates were not run again
         assert (after[n].value, after[n].datetime_complete) == (t.value, t.datetime_complete)
+    t975 = 12.706204736174698  # Student's t at 97.5% with 1 degree of freedom (two seeds)
     for r in rep["configs"]:
         assert r["n"] == 2 and sorted(r["seeds"]) == [0, 1]
         assert r["mean"] == pytest.approx(statistics.fmean(r["values"]))
         assert r["std"] == pytest.approx(statistics.stdev(r["values"]))
-    assert rep["verdict"] in ("winner", "within_noise")
+        half = t975 * statistics.stdev(r["values"]) / 2 ** 0.5
+        assert (r["ci_low"], r["ci_high"]) == pytest.approx((r["mean"] - half, r["mean"] + half))
+    best, runner_up = sorted(rep["configs"], key=lambda r: r["mean"])  # val_bpb: lower is better
+    # The values decide it: a winner only if the best interval clears the runner-up's.
+    assert rep["verdict"] == ("winner" if best["ci_high"] < runner_up["ci_low"] else "within_noise"), rep
 
     third = run_sweep(*args, "--seeds", "2", env=env, timeout=120)
     assert third.returncode == 0 and json.loads(third.stdout.strip().splitlines()[-1]) == rep
@@ -371,14 +377,14 @@ def test_spec_reruns_under_its_settings_and_resuming_under_another_is_refused(tm
 
 @pytest.mark.slow
 def test_pareto_promotion_under_another_spec_on_ray_records_both_values_and_resumes(tmp_path, monkeypatch,
-                                                                                      data_cache, capsys):
+                                                                                      data_cache, capsys, ray_cluster):
     path, url, _, _ = _pareto_source(tmp_path, monkeypatch, data_cache)
     full = tiny_spec(data_cache, **PARETO, trial={"budget_s": 2, "startup_allowance_s": 20, "eval_timeout_s": 20,
                                                   "eval_fractions": [0.5], "heartbeat_s": 1, "stale_after_s": 8,
                                                   "stop_grace_s": 5})
     full["fixed"] = {**full["fixed"], "max_steps": 8, "final_eval_tokens": 1024}
     full_path = write_spec(tmp_path, "parfull", full)
-    env = sweep_env(url, tmp_path / "art")
+    env = head_env(ray_cluster, url, tmp_path / "art")
     args = ["promote", str(path), "--spec", str(full_path), "--top", "2", "--seeds", "1", "--json"]
 
     first = run_sweep(*args, "--by", "tokens_per_second", env=env, timeout=240)

@@ -1,6 +1,6 @@
-"""Objectives end to end: a pareto sweep of two-rank (gloo) trials on a real local Ray, a composite trial's
-reports and score, and a record that lacks a metric. The trainer is the real one, scoring CORE on a few
-examples per task of the demo bundle."""
+"""Objectives end to end: a pareto sweep of two-rank (gloo) trials on a real Ray head (its driver a
+subprocess), a composite trial's reports and score, and a record that lacks a metric. The trainer is the
+real one, scoring CORE on a few examples per task of the demo bundle."""
 
 from __future__ import annotations
 
@@ -19,19 +19,13 @@ from sweep.run.supervisor import TrialTask
 from sweep.spec import load
 from sweep.spec import objective as obj
 from sweep.study import best_dict, record_of, trial_result
-from tests.sweep_fixtures import load_trials, local_ray, tiny_spec, write_spec
+from tests.sweep_fixtures import head_env, load_trials, run_sweep, tiny_spec, write_spec
 
 pytestmark = pytest.mark.slow
 
 TRAINER = "model.train"
 CORE = {"core_bundle": "demo", "core_max_examples": 6, "core_max_seconds": 30}  # a few examples per task
 PARETO = {"type": "pareto", "metrics": ["val_bpb", "core"]}
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    with local_ray("sweep-objective-tests"):
-        yield
 
 
 @pytest.fixture
@@ -42,16 +36,16 @@ def journal(tmp_path, monkeypatch) -> str:
     return url
 
 
-def test_pareto_sweep_of_two_rank_trials_keeps_curves_and_prints_its_front(ray_local, journal, tmp_path,
+def test_pareto_sweep_of_two_rank_trials_keeps_curves_and_prints_its_front(ray_cluster, journal, tmp_path,
                                                                           data_cache, capsys):
     spec_path = write_spec(tmp_path, "par", tiny_spec(
         data_cache, study={"n_trials": 3, "concurrency": 2, "seed": 1}, objective=PARETO,
         trial={"budget_s": 3, "startup_allowance_s": 60, "eval_timeout_s": 30, "eval_fractions": [0.5],
                "heartbeat_s": 1, "stale_after_s": 20, "stop_grace_s": 5, "ranks": 2, "trainer": TRAINER},
         fixed={**tiny_spec(data_cache)["fixed"], **CORE}))
-    out = io.StringIO()
-    assert Driver(load(spec_path), out=out).run() == 0, out.getvalue()
-    text = out.getvalue()
+    run = run_sweep("run", str(spec_path), env=head_env(ray_cluster, journal, tmp_path / "art"))
+    text = run.stdout
+    assert run.returncode == 0, text + run.stderr
     assert "progress: done 3/3" in text and "pareto front: trial" in text
 
     study = optuna.load_study(study_name="par", storage=st.open_storage(journal))
