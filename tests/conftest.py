@@ -29,6 +29,7 @@ TINY = {
     "final_eval_tokens": 16384,
     "num_threads": 1,
     "log_every": 5,
+    "compile_optimizer": False,  # a compile costs tens of seconds; tests/model/test_optim_compile.py checks it
 }
 
 

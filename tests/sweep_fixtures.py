@@ -27,6 +27,7 @@ FIXED = {
     "eval_tokens": 512,
     "final_eval_tokens": 2048,
     "log_every": 5,
+    "compile_optimizer": False,  # a compile costs tens of seconds; tests/model/test_optim_compile.py checks it
 }
 
 

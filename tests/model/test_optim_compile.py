@@ -1,0 +1,122 @@
+"""The optimiser's updates compiled (model.optim.compiled) against the same functions eager: the same numbers to
+rounding, every graph compiled before the first step, nothing the run holds touched by the warm-up.
+
+Compiled with inductor on this CPU: one graph per distinct parameter shape, a few seconds each on a cold cache.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from model.config import parse_config
+from model.gpt import GPT
+from model.optim import AdamW, Muon, Optimizers, adamw_update, compiled, muon_update, orthogonalize
+
+SCALAR = torch.tensor  # 0-dim hyperparameters, as the optimisers hold them
+
+
+def _grads(shape: tuple[int, ...], steps: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g) * 1e-2 for _ in range(steps)]
+
+
+def test_a_compiled_muon_update_is_the_eager_one_to_float32_rounding():
+    p0 = torch.randn(48, 96, generator=torch.Generator().manual_seed(0)) * 0.1
+    runs = []
+    for fn in (muon_update, compiled(muon_update)):
+        p, buf, second = p0.clone(), torch.zeros_like(p0), torch.zeros(1, 96)
+        for g in _grads((48, 96), 4, seed=1):
+            fn(p, g, buf, second, SCALAR(0.02), SCALAR(0.9), SCALAR(0.2), SCALAR(0.95), True, True, torch.float32)
+        runs.append((p, buf, second))
+    (pe, be, se), (pc, bc, sc) = runs
+    moved = (pe - p0).abs().max()
+    assert moved > 0.01  # four steps of lr 0.02 moved it
+    assert (pe - pc).abs().max() <= 1e-4 * moved, ((pe - pc).abs().max(), moved)
+    assert torch.allclose(be, bc, rtol=1e-5, atol=1e-8) and torch.allclose(se, sc, rtol=1e-5, atol=1e-12)
+
+
+def test_muon_steps_same_shape_matrices_as_one_stack_and_lands_where_one_at_a_time_would():
+    gen = torch.Generator().manual_seed(6)
+    shapes = [(32, 16), (32, 16), (16, 48), (32, 16)]  # three of one shape, one wide
+    params = [torch.nn.Parameter(torch.randn(*shape, generator=gen) * 0.1) for shape in shapes]
+    alone = [p.detach().clone() for p in params]
+    bufs = [torch.zeros_like(a) for a in alone]
+    seconds = [torch.zeros(r, 1) if r >= c else torch.zeros(1, c) for r, c in shapes]
+    hyper = (SCALAR(0.02), SCALAR(0.9), SCALAR(0.2))
+    muon = Muon(params, *hyper, beta2=SCALAR(0.95))
+    assert sorted(len(stack.params) for stack in muon.stacks[0]) == [1, 3]
+    for _ in range(3):
+        for p, a, b, s2 in zip(params, alone, bufs, seconds, strict=True):
+            p.grad = torch.randn(p.shape, generator=gen) * 1e-2
+            muon_update(a, p.grad, b, s2, *hyper, SCALAR(0.95), True, True, torch.bfloat16)
+        muon.step()
+    for p, a, b in zip(params, alone, bufs, strict=True):
+        assert torch.equal(p.detach(), a) and torch.equal(muon.state[p]["momentum_buffer"], b)
+
+
+def test_in_bfloat16_both_orthogonalisations_are_within_the_formats_error_of_the_exact_one():
+    g = torch.randn(64, 160, generator=torch.Generator().manual_seed(2)) * 1e-2
+    exact = orthogonalize(g.double(), torch.float64).float()
+    for x in (orthogonalize(g, torch.bfloat16), compiled(orthogonalize)(g, torch.bfloat16)):
+        assert x.dtype == torch.float32
+        assert (x - exact).norm() / exact.norm() < 0.08  # bf16 keeps 8 bits; five iterations compound it
+
+
+def test_a_compiled_adamw_update_is_the_eager_one_to_float32_rounding():
+    p0 = torch.randn(40, 24, generator=torch.Generator().manual_seed(3))
+    runs = []
+    for fn in (adamw_update, compiled(adamw_update)):
+        p, m, v, step = p0.clone(), torch.zeros_like(p0), torch.zeros_like(p0), torch.zeros(())
+        for g in _grads((40, 24), 4, seed=4):
+            fn(p, g, m, v, step, SCALAR(0.3), 0.8, 0.95, 1e-10, SCALAR(0.1), True)
+        runs.append((p, m, v, step))
+    (pe, me, ve, se), (pc, mc, vc, sc) = runs
+    assert se.item() == sc.item() == 4
+    assert torch.allclose(pe, pc, rtol=1e-5, atol=1e-6) and torch.allclose(me, mc) and torch.allclose(ve, vc)
+    assert (pe - p0).abs().max() > 0.5  # lr 0.3 for four steps: it moved
+
+
+@pytest.mark.slow
+def test_optimizers_compile_every_graph_before_the_first_step_and_the_warm_up_changes_nothing():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    cfg = parse_config({"vocab_size": 96, "depth": 1, "model_dim": 32, "head_dim": 16, "seq_len": 16})
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    eager_model = copy.deepcopy(model)
+    opt = Optimizers(model.param_groups(), 32, cfg.optim, torch.device("cpu"))
+    eager = Optimizers(eager_model.param_groups(), 32, cfg.optim, torch.device("cpu"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state_before = copy.deepcopy(opt.state_dict())
+    torch._dynamo.reset()
+    opt.compile()
+    assert isinstance(opt.muon, Muon) and isinstance(opt.adamw, AdamW)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the warm-up ran on copies
+    after = opt.state_dict()
+    for name in ("muon", "adamw"):
+        for key, entry in state_before[name]["state"].items():
+            assert all(torch.equal(t, after[name]["state"][key][k]) for k, t in entry.items())
+    compiled_frames = counters["stats"]["unique_graphs"]
+    assert compiled_frames >= 2
+    x = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(5))
+    for m, o in ((model, opt), (eager_model, eager)):  # one step from the same weights and the same batch
+        m(x, x).backward()
+        o.set_progress(0.0)
+        o.step()
+        o.zero_grad()
+    matrices = {id(q) for q in model.param_groups()["matrix"]}
+    for (name, a), b, start in zip(eager_model.named_parameters(), model.parameters(), before.values(), strict=True):
+        moved, off = (a.detach() - start).abs().max(), (a - b).abs().max()
+        # AdamW's tensors to float32 rounding; Muon's within bfloat16's (its Polar Express runs in bfloat16, which
+        # inductor rounds once per fused expression where eager rounds after every op)
+        assert off <= (0.3 if id(b) in matrices else 1e-5) * moved + 1e-7, (name, off, moved)
+    for step in range(1, 3):
+        model(x, x).backward()
+        opt.set_progress(step / 10)
+        opt.step()
+        opt.zero_grad()
+    assert counters["stats"]["unique_graphs"] == compiled_frames  # nothing compiled once the run began
