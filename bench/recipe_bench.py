@@ -5,7 +5,8 @@ demo stream; the final evaluation's rows, model.evaluate.final_val_bpb), 2 threa
 charged clock (model.train.ChargedClock) with the same uncharged first steps on both sides: EXCLUDED_STEPS,
 the competition's kind of figure (its kit leaves a few steps free), not autoresearch's own clock, which leaves
 its first 11 steps out. Both sides compile their optimiser step as the public recipe does (torch.compile of
-its fused update functions; ours: model.optim), each inside its uncharged start-up. Each run is its own
+its fused update functions; ours: model.optim), each inside its uncharged start-up; ours also compiles its
+loss (compile_loss, the trainer's default; the reference's is the plain chain). Each run is its own
 process; the two sides alternate which goes first, pair after pair, and every figure is a median over pairs.
 Tokens per second are both sides' charged tokens over their charged step seconds.
 
@@ -104,7 +105,8 @@ def _ours(budget_s: float, shape: dict[str, Any], cache_dir: str, overrides: dic
           eval_tokens: int, compile: bool = True) -> dict[str, Any]:
     config = {**shape, "data": "demo", "cache_dir": cache_dir, "num_threads": THREADS, "device": "cpu",
               "eval_fractions": [], "save_checkpoint": False, "excluded_steps": EXCLUDED_STEPS,
-              "final_eval_tokens": eval_tokens, "compile_optimizer": compile, **overrides}
+              "final_eval_tokens": eval_tokens, "compile_optimizer": compile, "compile_loss": compile,
+              **overrides}
     proc = subprocess.run([sys.executable, "-m", "model.train", "--config", json.dumps(config),
                            "--budget-s", str(budget_s), "--json"], cwd=ROOT, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()

@@ -182,6 +182,9 @@ class RunConfig:
     # The optimiser's update compiled per parameter shape before the clock starts (CPU and CUDA; on Neuron it goes
     # with `compile`, docs/neuron.md); off: eager, the same numbers to rounding.
     compile_optimizer: bool = True
+    # Training's softcapped cross-entropy compiled, warmed up before the clock (CPU and CUDA, PyTorch ops; on
+    # Neuron it goes with `compile`): one fused pass where the eager chain makes six over [tokens, vocab].
+    compile_loss: bool = True
     max_loss: float = 0.0  # a training loss above this, or not finite, is divergence; 0: 2 ln(vocab)
     log_every: int = 10
     save_checkpoint: bool = True

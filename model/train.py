@@ -34,7 +34,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -251,6 +251,30 @@ def _compile_optimizer(opt: Optimizers, run: Any, kind: str, events: Events) -> 
     return {"optimizer_compiled": True, "optimizer_compile_seconds": seconds}
 
 
+def _compile_loss(model: GPT, opt: Optimizers, run: Any, rt: devices.Runtime, seq_len: int,
+                  events: Events) -> dict[str, Any]:
+    """Compile training's cross-entropy before the clock starts (compile_loss; on Neuron only with `compile`,
+    whose compiled model holds it already): one forward and backward of a batch of zeros at the training shape
+    compiles both graphs, and its gradients are dropped. A failed compile leaves the eager chain, recorded."""
+    if run.compile or not run.compile_loss or rt.kind == "neuron" or not model.compile_loss():
+        return {"loss_compiled": False}
+    t0 = time.perf_counter()
+    x = torch.zeros(run.batch_size, seq_len, dtype=torch.long, device=rt.device)
+    try:
+        with rt.autocast():
+            loss = model(x, x)
+        loss.backward()
+    except Exception as e:
+        model.ops = replace(model.ops, compiled_loss=False)
+        events.log(f"loss compile failed, the eager chain runs instead: {e!r}")
+        return {"loss_compiled": False, "loss_compile_error": f"{type(e).__name__}: {_first_line(e)}"}
+    finally:
+        opt.zero_grad()
+    seconds = time.perf_counter() - t0
+    events.log(f"loss compiled in {seconds:.1f}s (start-up)")
+    return {"loss_compiled": True, "loss_compile_seconds": seconds}
+
+
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None,
           fault: faults.Fault | None = None) -> dict[str, Any]:
     """One budgeted run; `fault` is a test-only injected fault (model.faults), None in real runs."""
@@ -273,7 +297,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     n_params = model.num_params()
     opt = Optimizers(model.param_groups(), cfg.model.model_dim, cfg.optim, rt.device)
     step_model = _recompile(model, run.compile, rt.kind)
-    opt_record = _compile_optimizer(opt, run, rt.kind, events)
+    compile_record = {**_compile_optimizer(opt, run, rt.kind, events),
+                      **_compile_loss(model, opt, run, rt, cfg.model.seq_len, events)}
 
     B, T = run.batch_size, cfg.model.seq_len
     check_scoring(ds, run.eval_seq_len)  # a final evaluation the data cannot give fails now, not after the budget
@@ -395,7 +420,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "excluded_steps": run.excluded_steps,
         "excluded_seconds": clock.excluded_s,
         **{f"{part}_seconds": seconds for part, seconds in state.step_parts.items()},
-        **opt_record,
+        **compile_record,
         **model.kernel_choice.record(),
         **NO_CORE,
     }

@@ -27,7 +27,9 @@ FIXED = {
     "eval_tokens": 512,
     "final_eval_tokens": 2048,
     "log_every": 5,
-    "compile_optimizer": False,  # a compile costs tens of seconds; tests/model/test_optim_compile.py checks it
+    # A compile costs tens of seconds of start-up; tests/model/test_compiled_steps.py checks both.
+    "compile_optimizer": False,
+    "compile_loss": False,
 }
 
 

@@ -159,9 +159,10 @@ def step_split(attrs: Mapping[str, Any]) -> str:
     if not total or any(v is None for v in seconds.values()):
         return ""
     shown = [f"{label} {100 * v / total:.0f}%" for label, v in seconds.items() if v and 100 * v / total >= 0.5]
-    if attrs.get("optimizer_compiled"):
-        shown.append("optimizer compiled" + (f" in {attrs['optimizer_compile_seconds']:.0f} s of start-up"
-                                             if _num(attrs.get("optimizer_compile_seconds")) else ""))
+    for part in ("optimizer", "loss"):
+        if attrs.get(f"{part}_compiled"):
+            took = _num(attrs.get(f"{part}_compile_seconds"))
+            shown.append(f"{part} compiled" + (f" in {took:.0f} s of start-up" if took else ""))
     return ", ".join(shown)
 
 

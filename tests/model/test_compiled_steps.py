@@ -1,21 +1,33 @@
-"""The optimiser's updates compiled (model.optim.compiled) against the same functions eager: the same numbers to
-rounding, every graph compiled before the first step, nothing the run holds touched by the warm-up.
+"""The compiled parts of a training step against the same functions eager: the optimiser's updates
+(model.optim.compiled) and the loss (kernels.ops.compiled_cross_entropy) give the same numbers to rounding,
+every graph compiles before the clock starts, and the warm-up touches nothing the run holds.
 
-Compiled with inductor on this CPU: one graph per distinct parameter shape, a few seconds each on a cold cache.
+Compiled with inductor on this CPU: one graph per distinct shape, a few seconds each on a cold cache.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
+from kernels.ops import compiled_cross_entropy, plain_cross_entropy
 from model.config import parse_config
 from model.gpt import GPT
 from model.optim import AdamW, Muon, Optimizers, adamw_update, compiled, muon_update, orthogonalize
 
 SCALAR = torch.tensor  # 0-dim hyperparameters, as the optimisers hold them
+
+
+@pytest.fixture(autouse=True)
+def one_compile_thread(monkeypatch):
+    """Inductor compiles in this process, without its pool of compile workers (children the session would
+    otherwise end with, on this 2-core machine)."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
 
 
 def _grads(shape: tuple[int, ...], steps: int, seed: int) -> list[torch.Tensor]:
@@ -120,3 +132,35 @@ def test_optimizers_compile_every_graph_before_the_first_step_and_the_warm_up_ch
         opt.step()
         opt.zero_grad()
     assert counters["stats"]["unique_graphs"] == compiled_frames  # nothing compiled once the run began
+
+
+def test_the_compiled_loss_is_the_plain_chain_to_float32_rounding():
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(96, 200, generator=gen) * 4
+    targets = torch.randint(0, 200, (96,), generator=gen)
+    targets[::11] = -1  # ignored positions, as padding gives them
+    runs = []
+    for fn in (plain_cross_entropy, compiled_cross_entropy()):
+        x = logits.clone().requires_grad_()
+        loss = fn(x, targets, 15.0, "mean")
+        loss.backward()
+        runs.append((loss.detach(), x.grad))
+    (le, ge), (lc, gc) = runs
+    assert torch.allclose(le, lc, rtol=1e-6) and torch.allclose(ge, gc, rtol=1e-5, atol=1e-9)
+    assert not gc[::11].any()  # an ignored target's row has no gradient
+
+
+@pytest.mark.slow
+def test_the_trainer_compiles_before_its_clock_and_records_it(run_trainer, tiny_config):
+    """Both compiles on (the defaults outside the tests): their seconds are start-up, the charged steps'
+    parts add up to the steps' time, and the run learns as an eager one does."""
+    cfg = {**tiny_config, "compile_optimizer": True, "compile_loss": True, "depth": 1, "eval_fractions": [0.5]}
+    run = run_trainer(cfg, budget_s=4, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = run.result
+    assert r["status"] == "ok" and r["optimizer_compiled"] and r["loss_compiled"], r
+    assert r["startup_seconds"] >= r["optimizer_compile_seconds"] + r["loss_compile_seconds"] > 0
+    parts = sum(r[f"{p}_seconds"] for p in ("data", "forward", "backward", "all_reduce", "optimizer", "sync"))
+    assert 0.9 * r["step_seconds_sum"] <= parts <= r["step_seconds_sum"]  # the rest: the clock's own instants
+    assert r["val_bpb"] < 0.8 * math.log2(tiny_config["vocab_size"])  # a uniform guess is log2(vocab) bits a token
+    assert "optimizer compiled in" in run.stderr and "loss compiled in" in run.stderr
