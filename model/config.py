@@ -178,7 +178,13 @@ class RunConfig:
     cache_dir: str = "runs/cache"
     device: str = "auto"
     num_threads: int = 0  # torch CPU threads; 0 keeps torch's default
-    compile: bool = False
+    compile: bool = False  # the model's forward and backward through torch.compile (and the optimiser with it)
+    # The optimiser's update compiled per parameter shape before the clock starts (CPU and CUDA; on Neuron it goes
+    # with `compile`, docs/neuron.md); off: eager, the same numbers to rounding.
+    compile_optimizer: bool = True
+    # Training's softcapped cross-entropy compiled, warmed up before the clock (CPU and CUDA, PyTorch ops; on
+    # Neuron it goes with `compile`): one fused pass where the eager chain makes six over [tokens, vocab].
+    compile_loss: bool = True
     max_loss: float = 0.0  # a training loss above this, or not finite, is divergence; 0: 2 ln(vocab)
     log_every: int = 10
     save_checkpoint: bool = True

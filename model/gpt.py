@@ -12,6 +12,7 @@ changes no value: a position's angles are the same in a table of any length.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -156,6 +157,14 @@ class GPT(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.init_weights()
+
+    def compile_loss(self) -> bool:
+        """Train through the compiled cross-entropy (kernels.ops.compiled_cross_entropy) where the ops are
+        PyTorch's; False where they are not (the NKI kernels are fused already)."""
+        if self.ops.impl != "torch":
+            return False
+        self.ops = replace(self.ops, compiled_loss=True)
+        return True
 
     def fall_back_to_torch_ops(self, error: BaseException) -> None:
         """The NKI kernels failed (compile or run) at the first step: the plain PyTorch ops from now on, recorded."""

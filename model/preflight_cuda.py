@@ -73,9 +73,9 @@ def probe_throughput(requested: str, seconds: float, shape: dict[str, int], comp
 
     t0 = time.perf_counter()
     b, t = int(shape["batch_size"]), int(shape["seq_len"])
-    config = {**shape, "device": requested, "compile": compile_, "data": data, "cache_dir": cache_dir,
-              "eval_fractions": [], "eval_tokens": b * t, "final_eval_tokens": t, "save_checkpoint": False,
-              "core_bundle": ""}
+    config = {**shape, "device": requested, "compile": compile_, "compile_optimizer": compile_,
+              "compile_loss": compile_, "data": data, "cache_dir": cache_dir, "eval_fractions": [],
+              "eval_tokens": b * t, "final_eval_tokens": t, "save_checkpoint": False, "core_bundle": ""}
     cfg = parse_config(config, budget_s=seconds)
     rt = devices.setup(requested)
     try:
@@ -89,7 +89,9 @@ def probe_throughput(requested: str, seconds: float, shape: dict[str, int], comp
         devices.teardown()
     keys = ("status", "reason", "steps", "train_seconds", "startup_seconds", "tokens_per_second",
             "flops_per_token", "model_flops_per_second", "mfu", "step_seconds_median", "step_seconds_max",
-            "peak_memory_bytes", "params", "graph_breaks", "compiled_graphs", "excluded_steps")
+            "peak_memory_bytes", "params", "graph_breaks", "compiled_graphs", "excluded_steps", "step_seconds_sum",
+            "data_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds", "sync_seconds",
+            "optimizer_compiled", "optimizer_compile_seconds", "loss_compiled", "loss_compile_seconds")
     out = {k: result.get(k) for k in keys}
     out.update(device=str(rt.device), kind=rt.kind, device_name=name, peak_flops=peak, compile=compile_,
                dtype=str(rt.autocast_dtype).removeprefix("torch.") if rt.autocast_dtype else "float32",

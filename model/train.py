@@ -34,7 +34,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -146,6 +146,26 @@ class ChargedClock:
         return self.steps_seen > self.excluded_steps and self.charged_s + self.last_step_s > self.budget_s
 
 
+# Where a charged step's seconds go, summed over the charged steps (the record's `<part>_seconds`): host time
+# between two readings of the clock that is already read each step, so no synchronisation is added. On the CPU
+# each part is its compute; on an asynchronous device (CUDA, Neuron) forward, backward and optimizer are the
+# host's dispatch, and `sync` the wait for the device at the step's end (rt.synchronize, as before).
+STEP_PARTS = ("data", "forward", "backward", "all_reduce", "optimizer", "sync")
+
+
+class StepTimer:
+    """``lap(part)`` adds the seconds since the last lap (or the timer's start) to ``parts[part]``."""
+
+    def __init__(self) -> None:
+        self.parts = dict.fromkeys(STEP_PARTS, 0.0)
+        self.last = time.perf_counter()
+
+    def __call__(self, part: str) -> None:
+        now = time.perf_counter()
+        self.parts[part] += now - self.last
+        self.last = now
+
+
 @dataclass
 class RunState:
     step: int = 0
@@ -156,6 +176,7 @@ class RunState:
     status: str = "ok"
     reason: str = ""
     curve: list[dict[str, float]] = field(default_factory=list)
+    step_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
 
 
 _stop_requested = False
@@ -212,6 +233,48 @@ def _recompile(model: GPT, compile_: bool, kind: str) -> torch.nn.Module:
     return torch.compile(model, backend="neuron" if kind == "neuron" else "inductor")
 
 
+def _compile_optimizer(opt: Optimizers, run: Any, kind: str, events: Events) -> dict[str, Any]:
+    """Compile the optimiser's updates before the clock starts, where the backend allows it: inductor on the CPU
+    and CUDA (compile_optimizer); on Neuron only with `compile` (docs/neuron.md says why). A failed compile
+    leaves the eager updates, recorded, never the trial's end."""
+    wanted = run.compile if kind == "neuron" else (run.compile or run.compile_optimizer)
+    if not wanted:
+        return {"optimizer_compiled": False}
+    t0 = time.perf_counter()
+    try:
+        opt.compile("neuron" if kind == "neuron" else "inductor")
+    except Exception as e:
+        events.log(f"optimizer compile failed, its eager updates run instead: {e!r}")
+        return {"optimizer_compiled": False, "optimizer_compile_error": f"{type(e).__name__}: {_first_line(e)}"}
+    seconds = time.perf_counter() - t0
+    events.log(f"optimizer compiled in {seconds:.1f}s (start-up)")
+    return {"optimizer_compiled": True, "optimizer_compile_seconds": seconds}
+
+
+def _compile_loss(model: GPT, opt: Optimizers, run: Any, rt: devices.Runtime, seq_len: int,
+                  events: Events) -> dict[str, Any]:
+    """Compile training's cross-entropy before the clock starts (compile_loss; on Neuron only with `compile`,
+    whose compiled model holds it already): one forward and backward of a batch of zeros at the training shape
+    compiles both graphs, and its gradients are dropped. A failed compile leaves the eager chain, recorded."""
+    if run.compile or not run.compile_loss or rt.kind == "neuron" or not model.compile_loss():
+        return {"loss_compiled": False}
+    t0 = time.perf_counter()
+    x = torch.zeros(run.batch_size, seq_len, dtype=torch.long, device=rt.device)
+    try:
+        with rt.autocast():
+            loss = model(x, x)
+        loss.backward()
+    except Exception as e:
+        model.ops = replace(model.ops, compiled_loss=False)
+        events.log(f"loss compile failed, the eager chain runs instead: {e!r}")
+        return {"loss_compiled": False, "loss_compile_error": f"{type(e).__name__}: {_first_line(e)}"}
+    finally:
+        opt.zero_grad()
+    seconds = time.perf_counter() - t0
+    events.log(f"loss compiled in {seconds:.1f}s (start-up)")
+    return {"loss_compiled": True, "loss_compile_seconds": seconds}
+
+
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None,
           fault: faults.Fault | None = None) -> dict[str, Any]:
     """One budgeted run; `fault` is a test-only injected fault (model.faults), None in real runs."""
@@ -234,8 +297,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     n_params = model.num_params()
     opt = Optimizers(model.param_groups(), cfg.model.model_dim, cfg.optim, rt.device)
     step_model = _recompile(model, run.compile, rt.kind)
-    if run.compile:
-        opt.compile("neuron" if rt.kind == "neuron" else "inductor")
+    compile_record = {**_compile_optimizer(opt, run, rt.kind, events),
+                      **_compile_loss(model, opt, run, rt, cfg.model.seq_len, events)}
 
     B, T = run.batch_size, cfg.model.seq_len
     check_scoring(ds, run.eval_seq_len)  # a final evaluation the data cannot give fails now, not after the budget
@@ -286,15 +349,19 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
 
         t0 = time.perf_counter()
         opt.set_progress(clock.progress)
+        lap = StepTimer()
         try:
             for _ in range(run.grad_accum):
                 x, y = next(loader)
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+                lap("data")
                 with rt.autocast():
                     loss = step_model(x, y)
                 if fault is not None and state.step == fault.step:
                     loss = faults.inject(fault.kind, loss)
+                lap("forward")
                 (loss / run.grad_accum).backward()
+                lap("backward")
         except Exception as e:  # the NKI kernels compile at the first step: a failure there costs them, not the trial
             if state.step > 0 or model.kernel_choice.impl != "nki":
                 raise
@@ -307,10 +374,16 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             continue
         if rt.world_size > 1:
             _all_reduce_grads(list(model.parameters()), rt.world_size)
+        lap("all_reduce")
         opt.step()
         opt.zero_grad()
+        lap("optimizer")
         rt.synchronize()
+        lap("sync")
         clock.add_step(time.perf_counter() - t0)
+        if clock.steps_seen > clock.excluded_steps:  # the charged steps' time, part by part
+            for part, seconds in lap.parts.items():
+                state.step_parts[part] += seconds
         state.step += 1
         state.tokens += tokens_per_step
 
@@ -346,6 +419,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "step_seconds_max": max(clock.step_times, default=0.0), "step_seconds_sum": sum(clock.step_times),
         "excluded_steps": run.excluded_steps,
         "excluded_seconds": clock.excluded_s,
+        **{f"{part}_seconds": seconds for part, seconds in state.step_parts.items()},
+        **compile_record,
         **model.kernel_choice.record(),
         **NO_CORE,
     }

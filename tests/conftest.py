@@ -31,6 +31,9 @@ TINY = {
     "final_eval_tokens": 16384,
     "num_threads": 1,
     "log_every": 5,
+    # A compile costs tens of seconds of start-up; tests/model/test_compiled_steps.py checks both.
+    "compile_optimizer": False,
+    "compile_loss": False,
 }
 
 

@@ -27,6 +27,9 @@ FIXED = {
     "eval_tokens": 512,
     "final_eval_tokens": 2048,
     "log_every": 5,
+    # A compile costs tens of seconds of start-up; tests/model/test_compiled_steps.py checks both.
+    "compile_optimizer": False,
+    "compile_loss": False,
 }
 
 

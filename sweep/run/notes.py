@@ -137,10 +137,33 @@ def trial_note(number: int, state: str, values: Sequence[float] | None, attrs: M
               if _num(attrs.get(key)) is not None]
     if timing:
         facts.append("**time**: " + ", ".join(timing))
+    split = step_split(attrs)
+    if split:
+        facts.append(f"**step time** (charged steps): {split}")
     if attrs.get(ATTR_ARTIFACTS):
         facts.append(f"**files** (on the node that ran it): `{attrs[ATTR_ARTIFACTS]}`")
     lines += [f"- {f}" for f in facts]
     return "\n".join(lines).rstrip() + "\n"
+
+
+# The trainer's step parts (model.train.STEP_PARTS; sweep/ knows the record, not the trainer), as labelled.
+STEP_PARTS = (("forward", "forward"), ("backward", "backward"), ("optimizer", "optimizer"), ("data", "data"),
+              ("all_reduce", "all-reduce"), ("sync", "device wait"))
+
+
+def step_split(attrs: Mapping[str, Any]) -> str:
+    """Where the charged steps' seconds went, as shares of their sum ("" for a record without the parts):
+    what a slow trial shows first."""
+    seconds = {label: _num(attrs.get(f"{key}_seconds")) for key, label in STEP_PARTS}
+    total = _num(attrs.get("step_seconds_sum"))
+    if not total or any(v is None for v in seconds.values()):
+        return ""
+    shown = [f"{label} {100 * v / total:.0f}%" for label, v in seconds.items() if v and 100 * v / total >= 0.5]
+    for part in ("optimizer", "loss"):
+        if attrs.get(f"{part}_compiled"):
+            took = _num(attrs.get(f"{part}_compile_seconds"))
+            shown.append(f"{part} compiled" + (f" in {took:.0f} s of start-up" if took else ""))
+    return ", ".join(shown)
 
 
 def _short(v: Any) -> str:

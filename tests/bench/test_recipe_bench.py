@@ -42,17 +42,47 @@ def test_the_reference_follows_the_recipe_and_fits_a_batch():
     assert model(x, y, reduction="none").shape == (4 * 32,)
 
 
+def test_the_references_compiled_step_is_its_eager_one():
+    """The bench's reference compiles its optimiser step as the recipe does; one step from the same weights and
+    gradients lands where the eager step does (AdamW to float32 rounding, Muon within bfloat16's)."""
+    import copy
+
+    cfg = RefConfig(vocab_size=300, depth=2, dim=64, head_dim=32, seq_len=32)
+    torch.manual_seed(0)
+    eager_model = RefGPT(cfg)
+    with torch.no_grad():  # output projections start at zero: give every matrix a gradient
+        for b in eager_model.blocks:
+            b.o.weight.normal_(std=0.02)
+            b.proj.weight.normal_(std=0.02)
+    model = copy.deepcopy(eager_model)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.randint(0, 300, (4, 32))
+    for m, opt in ((eager_model, RefOptimizer(eager_model)), (model, RefOptimizer(model, compile=True))):
+        opt.schedule(0.0, 0)
+        m(x, torch.roll(x, -1, dims=1)).backward()
+        opt.step()
+    for (name, a), b in zip(eager_model.named_parameters(), model.parameters(), strict=True):
+        moved = (a.detach() - start[name]).abs().max()
+        assert moved > 0, name
+        assert (a - b).abs().max() <= (0.3 if name.startswith("blocks.") else 1e-5) * moved + 1e-7, name
+
+
 def test_a_reference_run_scores_the_final_rows(data_cache):
-    rec = run_reference(0.5, TINY, data_cache, eval_tokens=2048)
+    rec = run_reference(0.5, TINY, data_cache, eval_tokens=2048, compile=False)
     assert rec["side"] == "reference" and rec["charged_steps"] >= 1 and rec["steps"] == rec["charged_steps"] + 3
     assert rec["tokens_per_second"] > 0 and 0 < rec["val_bpb"] < 20
 
 
 def test_compare_alternates_pairs_and_reports_medians_and_ratios(data_cache):
-    row = compare(pairs=2, budgets=[0.5], shape=TINY, cache_dir=data_cache, eval_tokens=2048)
+    row = compare(pairs=2, budgets=[0.5], shape=TINY, cache_dir=data_cache, eval_tokens=2048, compile=False)
     runs = row["runs"]
     assert [(r["pair"], r["side"]) for r in runs] == [(0, "ours"), (0, "reference"), (1, "reference"), (1, "ours")]
     assert row["bench"] == "recipe_vs_reference" and row["threads"] == 2 and row["shape"]["depth"] == 2
+    assert row["uncharged_steps"] == 3 and row["optimizers_compiled"] is False
+    assert not any(r["optimizer_compiled"] for r in runs)
+    for side in ("ours", "reference"):  # where each side's step time went, per charged step
+        parts = row[f"{side}_ms_per_step"]
+        assert parts["forward"] > 0 and parts["backward"] > 0 and parts["optimizer"] > 0, (side, parts)
     for key in ("ours_tokens_per_second", "reference_tokens_per_second", "tokens_per_second_ratio",
                 "ours_val_bpb_0.5s", "reference_val_bpb_0.5s", "val_bpb_delta_0.5s"):
         assert math.isfinite(row[key]) and (row[key] > 0 or key.startswith("val_bpb_delta")), key

@@ -55,6 +55,17 @@ def test_a_trial_note_shows_the_headline_figures_first():
     assert "| – | – | – | – | – | – | `unknown` |" in failed  # no record: every figure says it is unknown
 
 
+def test_a_trial_note_says_where_the_step_time_went():
+    parts = {"forward_seconds": 2.0, "backward_seconds": 3.0, "optimizer_seconds": 4.0, "data_seconds": 1.0,
+             "all_reduce_seconds": 0.0, "sync_seconds": 0.0}
+    attrs = {**_record(1.5), **parts, "step_seconds_sum": 10.0, "optimizer_compiled": True,
+             "optimizer_compile_seconds": 41.7}
+    note = notes.trial_note(1, "COMPLETE", [1.5], attrs, {})
+    assert ("**step time** (charged steps): forward 20%, backward 30%, optimizer 40%, data 10%, optimizer compiled "
+            "in 42 s of start-up") in note
+    assert "step time" not in notes.trial_note(1, "COMPLETE", [1.5], _record(1.5), {})  # an older record
+
+
 def test_a_composite_trial_note_names_its_score_and_core():
     attrs = {**_record(1.1, core=0.2), "git_commit": COMMIT}
     note = notes.trial_note(0, "COMPLETE", [0.61], attrs, {}, ["composite"])
