@@ -14,7 +14,8 @@ Tokens per second are both sides' charged tokens over their charged step seconds
     python -m bench.recipe_bench --pairs 1 --budgets 12,20 [--ours '{"window_pattern": "SSSL"}']
     python -m bench.recipe_bench --side reference --budget-s 12    # one run: its JSON line
 
-Target (issue 17): the defaults' val_bpb at 60 s at most the reference's, with a tokens/s ratio >= 1.
+Targets: issue 17, the defaults' val_bpb at 60 s at most the reference's with a tokens/s ratio >= 1; issue 26, the same
+against the reference with its optimiser step compiled.
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ import torch
 
 
 @pytest.fixture(autouse=True)
+def one_compile_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference's compiled step compiles in this process, without inductor's pool of compile workers
+    (children the session would otherwise end with, on this 2-core machine)."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
+
+
+@pytest.fixture(autouse=True)
 def torch_globals_restored() -> Iterator[None]:
     threads, interop = torch.get_num_threads(), torch.get_num_interop_threads()
     torch_rng, py_rng = torch.random.get_rng_state(), random.getstate()
