@@ -56,7 +56,8 @@ GRAPH_DEFAULTS: dict[str, Any] = {k: TRAINER_DEFAULTS[k] for k in (
 # total_batch_tokens, which only sets it) repeats the same micro-step graph; rope_base, head_init_std,
 # embed_init_std, fc_init_scale and x0_init only fill buffers and weights (graph inputs), muon_beta2 a 0-dim
 # tensor; seed, data, val_shard, eval, CORE and budget settings,
-# logging and checkpointing are run-time.
+# logging and checkpointing are run-time; compile_optimizer and compile_loss change nothing on Neuron, where
+# both follow `compile` (model/train.py).
 NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "weight_decay", "adam_weight_decay",
                     "muon_momentum", "muon_momentum_start", "muon_momentum_warmup_ratio", "warmup_ratio",
                     "warmdown_ratio", "final_lr_frac", "grad_accum", "rope_base", "head_init_std", "embed_init_std",
@@ -67,7 +68,7 @@ NOT_IN_GRAPH_KEY = ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", 
                     # CORE runs after training on the final weights; the global batch only sets grad_accum.
                     "core_bundle", "core_max_seconds", "core_max_examples", "core_buckets", "total_batch_tokens",
                     # The final evaluation runs the eager model after the deadline, at whatever length it asks.
-                    "eval_seq_len", "final_eval_rows")
+                    "eval_seq_len", "final_eval_rows", "compile_optimizer", "compile_loss")
 GRAPH_INPUTS = frozenset(GRAPH_DEFAULTS) | frozenset(LAUNCH_KEYS)
 WIDTH_KEYS = ("depth", "aspect_ratio", "model_dim", "head_dim", "n_kv_head", "mlp_ratio")  # what the widths come from
 

@@ -11,12 +11,13 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def one_compile_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+def one_compile_thread() -> Iterator[None]:
     """The reference's compiled step compiles in this process, without inductor's pool of compile workers
     (children the session would otherwise end with, on this 2-core machine)."""
     import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
+    with torch._inductor.config.patch(compile_threads=1):
+        yield
 
 
 @pytest.fixture(autouse=True)

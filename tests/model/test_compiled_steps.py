@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,12 +23,13 @@ SCALAR = torch.tensor  # 0-dim hyperparameters, as the optimisers hold them
 
 
 @pytest.fixture(autouse=True)
-def one_compile_thread(monkeypatch):
+def one_compile_thread() -> Iterator[None]:
     """Inductor compiles in this process, without its pool of compile workers (children the session would
     otherwise end with, on this 2-core machine)."""
     import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
+    with torch._inductor.config.patch(compile_threads=1):
+        yield
 
 
 def _grads(shape: tuple[int, ...], steps: int, seed: int) -> list[torch.Tensor]:
