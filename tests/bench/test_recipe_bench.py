@@ -50,7 +50,8 @@ def test_the_references_compiled_step_is_its_eager_one():
 
     torch.manual_seed(0)
     model = RefGPT(RefConfig(vocab_size=300, depth=1, dim=64, head_dim=32, seq_len=32))
-    assert (RefOptimizer(model).muon_step, RefOptimizer(model).adamw_step) == (_muon_stack_step, _adamw_step)
+    eager = RefOptimizer(model)
+    assert (eager.muon_step, eager.adamw_step) == (_muon_stack_step, _adamw_step)
     compiled = RefOptimizer(model, compile=True)
     assert compiled.muon_step is not _muon_stack_step and compiled.adamw_step is not _adamw_step
 
@@ -74,8 +75,9 @@ def test_the_references_compiled_step_is_its_eager_one():
             fn(p, g[0], m, v, step, torch.tensor(0.3), 0.8, 0.95)
         adam.append((p, step))
     (pe, se), (pc, sc) = adam
-    assert se.item() == sc.item() == 3 and (pe - p0[0]).abs().max() > 0.5
-    assert torch.allclose(pe, pc, rtol=1e-5, atol=1e-6)
+    moved = (pe - p0[0]).abs().max()
+    assert se.item() == sc.item() == 3 and moved > 0.5
+    assert (pe - pc).abs().max() <= 1e-5 * moved + 1e-7  # the whole-model check's AdamW bound
 
 
 def test_a_reference_run_scores_the_final_rows(data_cache):
