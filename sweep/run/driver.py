@@ -109,6 +109,7 @@ class Driver:
         self.run_id = uuid.uuid4().hex[:8]
         self.identity = {**liveness.host_identity(), "run": self.run_id}
         self.inflight: dict[Any, InFlight] = {}
+        self._asked: set[int] = set()  # ids of every trial this run asked, claimed or not (see _settled)
         self.t0 = time.monotonic()
         self._started_ray = False
         self.watch: health.RayWatch | None = None  # is the Ray we launch into still there (sweep.run.health)
@@ -271,9 +272,10 @@ class Driver:
                 launch = self.check_ray(probe=False)
             if self.breaker.tripped and not self.inflight and want > 0:
                 raise SweepStopped(self._breaker_cause(), infra=False)
-            # A trial its dead driver left RUNNING ends here: stored by its supervisor, or lost and re-run.
+            # A trial its dead driver left RUNNING, or one no driver claimed, ends here: stored by its
+            # supervisor, or lost (liveness.orphaned) and re-run or asked anew.
             if not self.inflight and want <= 0 and (self.own_only or not any(
-                    liveness.orphan_of_dead_driver(t, self.run_id) for t in trials)):
+                    liveness.orphan_of_dead_driver(t, self.run_id) or liveness.unclaimed(t) for t in trials)):
                 return False
             self.wait_some()
         except Exception as e:
@@ -401,6 +403,7 @@ class Driver:
         """Ask one trial and submit it; False when it was rejected by a constraint."""
         study, spec = self.study, self.spec
         trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
+        self._asked.add(st.trial_id(trial))  # before the claim: an outage may cut the launch from here on
         self._seed_sampler(trial.number)
         st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
                  what="claim", url=self.url)
@@ -642,12 +645,13 @@ class Driver:
 
         Such a trial is either one this run just finished, seen through a cache a moment old (the proxy
         serves one read to every caller within its ttl), or one whose launch a store outage cut between
-        ``ask`` and submit. Counted as running, the first would end the study one trial short, with that
-        trial shown RUNNING; the second is lost to the infrastructure (re-run only if its parameters were
-        complete, :func:`sweep.run.liveness.mark_suggested`)."""
+        ``ask`` and submit (its claim too, when the outage came first: this run remembers what it asked).
+        Counted as running, the first would end the study one trial short, with that trial shown RUNNING;
+        the second is lost to the infrastructure (re-run only if its parameters were complete,
+        :func:`sweep.run.liveness.mark_suggested`)."""
         flying = {s.trial_id for s in self.inflight.values()}
         stray = [t for t in trials if t.state.name == "RUNNING" and st.trial_id(t) not in flying
-                 and liveness.asked_by(t, self.run_id)]
+                 and (liveness.asked_by(t, self.run_id) or st.trial_id(t) in self._asked)]
         if not stray:
             return trials
         storage = st.study_storage(self.study)

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from sweep import store as st
-from sweep.run.outcome import ATTR_DRIVER, ATTR_HEARTBEAT, ATTR_NODE, ATTR_STARTED, ATTR_SUGGESTED, INFRA
+from sweep.run.outcome import ATTR_ADHOC, ATTR_DRIVER, ATTR_HEARTBEAT, ATTR_NODE, ATTR_STARTED, ATTR_SUGGESTED, INFRA
 
 log = logging.getLogger("sweep.run.liveness")
 
@@ -157,6 +157,8 @@ def orphaned(t: Any, wall: float, stale_after_s: float, run_id: str, store_back:
         return "lost", f"lost: no heartbeat for {wall - beat_at:.0f} s (worker or driver died)"
     if alive is False:
         return INFRA, f"lost before it ran: {driver} is gone"
+    if stale and not owner:
+        return INFRA, f"lost before it ran: no driver claimed it in {wall - beat_at:.0f} s (its ask was cut off)"
     if stale:
         return INFRA, f"lost before it ran: no heartbeat for {wall - beat_at:.0f} s (its driver died)"
     return None
@@ -173,6 +175,15 @@ def orphan_of_dead_driver(t: Any, run_id: str) -> bool:
     :func:`orphaned` loses it) before calling the study done."""
     owner = t.system_attrs.get(ATTR_DRIVER)
     return t.state.name == "RUNNING" and bool(owner) and not asked_by(t, run_id) and process_alive(owner) is False
+
+
+def unclaimed(t: Any) -> bool:
+    """Whether a RUNNING trial was asked but never claimed by its driver: a store outage cut the launch
+    between ``ask`` and the claim, or lost the reply to an ``ask`` that had created it (a retried ask then
+    creates another, and the first is known to nobody). Only its staleness (:func:`orphaned`) ends it, so
+    a driver waits for that before calling the study done; a live driver's claim follows its ask within
+    one storage call, so waiting on one costs a poll."""
+    return t.state.name == "RUNNING" and not t.system_attrs.get(ATTR_DRIVER) and not t.user_attrs.get(ATTR_ADHOC)
 
 
 def vouched(t: Any, now: float, stale_after_s: float) -> bool:

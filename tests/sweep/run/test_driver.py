@@ -215,3 +215,52 @@ def test_a_stale_view_of_its_own_finished_trial_never_ends_the_study_short(drive
     [rerun] = [t for t in d.study.get_trials() if t.user_attrs.get("rerun_of") == 1]
     assert rerun.state.name == "WAITING" and rerun.system_attrs["fixed_params"] == {"depth": 2}
     assert "lost to the infrastructure (not counted): its launch was cut off" in d.out.getvalue()
+
+
+def test_a_launch_cut_before_its_claim_is_lost_not_counted_as_running(driver, monkeypatch):
+    """A store outage that starts between ``ask`` and the claim leaves a RUNNING trial that names no driver.
+    The run that asked it remembers it: once the store is back it is lost to the infrastructure (never
+    re-run: its parameters were never drawn), so the study asks another instead of ending one short."""
+    import importlib
+
+    import sqlalchemy.exc
+
+    from sweep.run import liveness
+
+    retry = importlib.import_module("sweep.store.retry")  # the module; sweep.store.retry is its function
+
+    d = driver()
+    away = sqlalchemy.exc.OperationalError("UPDATE trial_system_attributes", {},
+                                           Exception("server closed the connection unexpectedly"))
+
+    def claim(*_args: object) -> None:
+        raise away
+
+    monkeypatch.setattr(retry, "ATTEMPTS", 1)
+    monkeypatch.setattr(liveness, "claim", claim)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        d.launch_next()
+    monkeypatch.undo()
+    [cut] = d.study.get_trials()
+    assert cut.state.name == "RUNNING" and ATTR_DRIVER not in cut.system_attrs
+    [settled] = d._settled([cut])
+    assert settled.state.name == "FAIL" and settled.user_attrs["fail_kind"] == "infra" and not counts(settled)
+    assert [t.number for t in d.study.get_trials()] == [0]  # nothing to run again: no parameter was drawn
+
+
+def test_a_trial_no_driver_claimed_is_waited_for_until_it_is_lost(driver):
+    """The reply to an ``ask`` lost in an outage: the trial exists, no driver knows it or vouches for it.
+    Counted as running it would end the study short with the trial RUNNING for ever; the driver waits
+    until it is stale, loses it to the infrastructure, and only then is the study's count its to judge."""
+    d = driver(study={"n_trials": 1, "concurrency": 1, "seed": 0})
+    d.poll_s = 0.05
+    d.study.tell(d.study.ask(), 1.0)  # one COMPLETE trial: n_trials is met, were the orphan not there
+    orphan = create_trial(state=TrialState.RUNNING, params={"depth": 1}, distributions={"depth": IntDistribution(1, 2)})
+    d.study._storage.create_new_trial(d.study._study_id, template_trial=orphan)
+    assert d.step(), "the study was called done with a RUNNING trial nobody will ever end"
+    deadline = time.monotonic() + 30
+    while d.step():
+        assert time.monotonic() < deadline, d.out.getvalue()
+    lost = d.study.get_trials()[1]
+    assert lost.state.name == "FAIL" and lost.user_attrs["fail_kind"] == "infra"
+    assert "no driver claimed it" in lost.user_attrs["fail_reason"]
