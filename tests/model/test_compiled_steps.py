@@ -93,17 +93,35 @@ def test_a_compiled_adamw_update_is_the_eager_one_to_float32_rounding():
     assert (pe - p0).abs().max() > 0.5  # lr 0.3 for four steps: it moved
 
 
+# The model of the trainer's compile test below, in one thread as its trainer runs: inductor's cache keys
+# hold the shapes and the thread count, so that trainer loads this test's optimiser graphs instead of
+# compiling them again (about half a minute less on a cold cache, as CI's is).
+TRAINER_MODEL = {"depth": 1, "num_threads": 1}
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
-def test_optimizers_compile_every_graph_before_the_first_step_and_the_warm_up_changes_nothing():
+def test_optimizers_compile_every_graph_before_the_first_step_and_the_warm_up_changes_nothing(tiny_config,
+                                                                                               one_thread):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    cfg = parse_config({"vocab_size": 96, "depth": 1, "model_dim": 32, "head_dim": 16, "seq_len": 16})
+    cfg = parse_config({**tiny_config, **TRAINER_MODEL})
+    vocab, seq_len, dim = cfg.model.vocab_size, cfg.model.seq_len, cfg.model.model_dim
     torch.manual_seed(0)
     model = GPT(cfg.model)
     eager_model = copy.deepcopy(model)
-    opt = Optimizers(model.param_groups(), 32, cfg.optim, torch.device("cpu"))
-    eager = Optimizers(eager_model.param_groups(), 32, cfg.optim, torch.device("cpu"))
+    opt = Optimizers(model.param_groups(), dim, cfg.optim, torch.device("cpu"))
+    eager = Optimizers(eager_model.param_groups(), dim, cfg.optim, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     state_before = copy.deepcopy(opt.state_dict())
     torch._dynamo.reset()
@@ -116,7 +134,7 @@ def test_optimizers_compile_every_graph_before_the_first_step_and_the_warm_up_ch
             assert all(torch.equal(t, after[name]["state"][key][k]) for k, t in entry.items())
     compiled_frames = counters["stats"]["unique_graphs"]
     assert compiled_frames >= 2
-    x = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(5))
+    x = torch.randint(0, vocab, (2, seq_len), generator=torch.Generator().manual_seed(5))
     for m, o in ((model, opt), (eager_model, eager)):  # one step from the same weights and the same batch
         m(x, x).backward()
         o.set_progress(0.0)
@@ -156,7 +174,7 @@ def test_the_compiled_loss_is_the_plain_chain_to_float32_rounding():
 def test_the_trainer_compiles_before_its_clock_and_records_it(run_trainer, tiny_config):
     """Both compiles on (the defaults outside the tests): their seconds are start-up, the charged steps'
     parts add up to the steps' time, and the run learns as an eager one does."""
-    cfg = {**tiny_config, "compile_optimizer": True, "compile_loss": True, "depth": 1, "eval_fractions": [0.5]}
+    cfg = {**tiny_config, **TRAINER_MODEL, "compile_optimizer": True, "compile_loss": True, "eval_fractions": [0.5]}
     run = run_trainer(cfg, budget_s=4, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     r = run.result

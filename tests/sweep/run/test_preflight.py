@@ -138,15 +138,6 @@ def test_a_node_whose_only_failure_is_advisory_joins(node, monkeypatch, capsys):
                                                            f"({node / 'report.json'})")
 
 
-def test_a_node_whose_launch_fails_is_refused(node, monkeypatch, capsys):
-    monkeypatch.setenv("FAKE_NEURON", "share-core")
-    monkeypatch.setenv("SWEEP_ARTIFACTS", str(node / "artifacts"))
-    assert cli.main(["preflight", str(write_spec(node, "pf", SPEC))], out=io.StringIO()) == 1
-    report = json.loads((node / "report.json").read_text())
-    assert not report["ok"] and report["first_failure"] == "launch" and report["advisory_failures"] == []
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("sweep: preflight failed at launch: rank 1")
-
-
 def test_bad_input_is_exit_2(node, capsys):
     sections = {**SPEC, "params.lnc": {"type": "categorical", "choices": [1, 2]},
                 "fixed": {k: v for k, v in SPEC["fixed"].items() if k not in ("lnc", "ranks")}}
