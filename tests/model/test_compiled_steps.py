@@ -93,16 +93,16 @@ def test_a_compiled_adamw_update_is_the_eager_one_to_float32_rounding():
     assert (pe - p0).abs().max() > 0.5  # lr 0.3 for four steps: it moved
 
 
-# The model of the trainer's compile test below, in one thread as its trainer runs: inductor's cache keys
-# hold the shapes and the thread count, so that trainer loads this test's optimiser graphs instead of
-# compiling them again (about half a minute less on a cold cache, as CI's is).
-TRAINER_MODEL = {"depth": 1, "num_threads": 1}
+# The model of the trainer's compile test below, in its trainer's threads (tiny_config's num_threads):
+# inductor's cache keys hold the shapes and the thread count, so that trainer loads this test's optimiser
+# graphs instead of compiling them again (about half a minute less on a cold cache, as CI's is).
+TRAINER_MODEL = {"depth": 1}
 
 
 @pytest.fixture
-def one_thread() -> Iterator[None]:
+def trainer_threads(tiny_config) -> Iterator[None]:
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(tiny_config["num_threads"])
     try:
         yield
     finally:
@@ -111,7 +111,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.mark.slow
 def test_optimizers_compile_every_graph_before_the_first_step_and_the_warm_up_changes_nothing(tiny_config,
-                                                                                               one_thread):
+                                                                                               trainer_threads):
     import torch._dynamo
     from torch._dynamo.utils import counters
 

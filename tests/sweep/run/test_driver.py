@@ -236,11 +236,10 @@ def test_a_launch_cut_before_its_claim_is_lost_not_counted_as_running(driver, mo
     def claim(*_args: object) -> None:
         raise away
 
-    monkeypatch.setattr(retry, "ATTEMPTS", 1)
-    monkeypatch.setattr(liveness, "claim", claim)
-    with pytest.raises(sqlalchemy.exc.OperationalError):
+    with monkeypatch.context() as m, pytest.raises(sqlalchemy.exc.OperationalError):  # the store away, then back
+        m.setattr(retry, "ATTEMPTS", 1)
+        m.setattr(liveness, "claim", claim)
         d.launch_next()
-    monkeypatch.undo()
     [cut] = d.study.get_trials()
     assert cut.state.name == "RUNNING" and ATTR_DRIVER not in cut.system_attrs
     [settled] = d._settled([cut])
