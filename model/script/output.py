@@ -10,9 +10,19 @@ keeps its first ``max_line`` bytes and loses the rest. The defaults fit autorese
     val_bpb:          1.234567
     training_seconds: 300.1
 
-and every pattern is configurable (:class:`Patterns`): ``progress`` finds the fraction of the budget done
+The competition kit's baseline (``dialect="kit"``) prints no percentage and no colons::
+
+    step 00010 | loss 4.1234 | lrm 1.000 | dt 0.50s | tok/s 262,144 | remaining_steps 989 |
+    remaining_time 1790s | epoch 1      (one line)
+
+so its fraction done comes from ``remaining_time`` (against the trial's budget) and ``remaining_steps``
+(against the steps done, where the script caps steps), which the trainer turns into a fraction, and its
+divergence is ``RuntimeError: bad loss detected: ...`` (on stderr, which is read too).
+
+Every pattern is configurable (:class:`Patterns`): ``progress`` finds the fraction of the budget done
 (a percentage), ``loss`` the training loss, ``val`` (off by default) a validation figure a script prints
-while training, ``fail`` a line that says the run diverged.
+while training, ``remaining_time``/``remaining_steps`` what is left, ``fail`` a line that says the run
+diverged.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_PATTERNS", "Patterns", "Progress", "Reader", "summary_value"]
+__all__ = ["DEFAULT_PATTERNS", "DIALECTS", "KIT_PATTERNS", "Patterns", "Progress", "Reader", "summary_value"]
 
 MAX_LINE = 64 * 1024
 MAX_SUMMARY_KEYS = 200
@@ -33,7 +43,20 @@ DEFAULT_PATTERNS = {
     "step": r"^\s*step\s+([0-9]+)",
     "val": "",
     "fail": r"^\s*FAIL\b",
+    "remaining_time": "",
+    "remaining_steps": "",
 }
+_NUMBER = r"([-+]?(?:[0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf|infinity))"
+KIT_PATTERNS = {
+    "progress": "",
+    "loss": r"\|\s*loss\s+" + _NUMBER,
+    "step": r"^\s*step\s+([0-9]+)",
+    "val": "",
+    "fail": r"\bbad loss detected\b",
+    "remaining_time": r"\|\s*remaining_time\s+([0-9.]+)\s*s?\b",
+    "remaining_steps": r"\|\s*remaining_steps\s+([0-9]+)\b",
+}
+DIALECTS = {"autoresearch": DEFAULT_PATTERNS, "kit": KIT_PATTERNS}
 _SUMMARY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\s*:\s*(.*?)\s*$")
 
 
@@ -46,11 +69,16 @@ class Patterns:
     step: re.Pattern[str] | None
     val: re.Pattern[str] | None
     fail: re.Pattern[str] | None
+    remaining_time: re.Pattern[str] | None = None
+    remaining_steps: re.Pattern[str] | None = None
 
     @classmethod
-    def build(cls, overrides: dict[str, str] | None = None) -> Patterns:
-        """Defaults with ``overrides`` (name -> regex); ValueError names an unknown or broken pattern."""
-        raw = dict(DEFAULT_PATTERNS)
+    def build(cls, overrides: dict[str, str] | None = None, dialect: str = "autoresearch") -> Patterns:
+        """The dialect's defaults with ``overrides`` (name -> regex); ValueError names an unknown dialect or
+        an unknown or broken pattern."""
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r}: unknown (known: {', '.join(DIALECTS)})")
+        raw = dict(DIALECTS[dialect])
         for name, src in (overrides or {}).items():
             if name not in raw:
                 raise ValueError(f"output.{name}: unknown pattern (known: {', '.join(raw)})")
@@ -77,6 +105,8 @@ class Progress:
     loss: float | None = None
     step: int | None = None
     val: float | None = None
+    remaining_time: float | None = None  # seconds of the budget left
+    remaining_steps: int | None = None
 
 
 def _number(text: str) -> float | None:
@@ -157,7 +187,7 @@ class Reader:
     def progress(self, line: str) -> Progress | None:
         """The figures of one line; None for a line that has none (not a progress line)."""
         p, out, any_found = self.patterns, Progress(), False
-        for name in ("progress", "loss", "step", "val"):
+        for name in ("progress", "loss", "step", "val", "remaining_time", "remaining_steps"):
             pat = getattr(p, name)
             m = pat.search(line) if pat is not None else None
             if m is None:
@@ -168,8 +198,8 @@ class Reader:
             any_found = True
             if name == "progress":
                 out.progress = min(1.0, max(0.0, v / 100.0)) if math.isfinite(v) else None
-            elif name == "step":
-                out.step = int(v) if math.isfinite(v) and abs(v) < 2**62 else None
+            elif name in ("step", "remaining_steps"):
+                setattr(out, name, int(v) if math.isfinite(v) and abs(v) < 2**62 else None)
             else:
                 setattr(out, name, v)
         return out if any_found else None

@@ -43,7 +43,14 @@ from model.script.output import Patterns, Reader
 
 BUDGET_CONSTANTS = ("TRAIN_TIME_BUDGET_SECONDS", "TIME_BUDGET")  # the kit's, then autoresearch's name
 CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_constants", "kit_setup", "output",
-               "eval_fractions", "startup_allowance_s", "eval_batch_size", "eval_device", "script_sha256"}
+               "eval_fractions", "startup_allowance_s", "eval_batch_size", "eval_device", "script_sha256",
+               "dialect", "flags", "env", "budget_knob", "seed_knob", "seed", "eval_args", "eval_tokens",
+               "eval_seq_len", "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance",
+               "eval_timeout_s"}
+KIT_BUDGET_KNOB = {"kind": "flag", "name": "--max-train-seconds"}  # the kit baseline's own budget flag
+KIT_EVAL_ARGS = ["--seq-len", "{seq_len}", "--eval-tokens", "{eval_tokens}"]  # a guess: the kit's names are not public
+KIT_EVAL_TIMEOUT_S = 1200.0  # the kit's EVAL_TIMEOUT_SECONDS when its prepare.py does not say
+LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 SMOOTHING = 0.9  # of the training loss the pruner reads where the script prints no validation figure
 OUT_CAP = 32 << 20  # bytes of the script's stdout kept in script.out
 STEP_EVENTS_S = 0.5  # at most two step events a second
@@ -68,18 +75,61 @@ def read_config(raw: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(raw.get(key, {}), dict):
             raise BadConfig(f"{key}: must be a table")
     try:
-        Patterns.build(raw.get("output"))
+        Patterns.build(raw.get("output"), raw.get("dialect", "autoresearch"))
     except ValueError as e:
         raise BadConfig(str(e)) from None
+    for key in ("budget_knob", "seed_knob"):
+        knob = raw.get(key)
+        if knob is not None and (not isinstance(knob, dict) or knob.get("kind") not in ("constant", "flag", "env")
+                                 or not isinstance(knob.get("name"), str)):
+            raise BadConfig(f"{key}: must be {{'kind': 'constant' | 'flag' | 'env', 'name': ...}}, got {knob!r}")
+    if raw.get("seed") is not None and not raw.get("seed_knob"):
+        raise BadConfig("seed: the script has no seed knob to take it (set [trial] seed_knob in the spec)")
     return raw
 
 
-def prepare_workdir(cfg: dict[str, Any], budget_s: float, work: Path) -> tuple[Path, Path | None]:
-    """OUT/script/: the rewritten script, the kit's copy on the trial's budget, the kit folder's other entries."""
+def knob_text(value: Any) -> str:
+    """A value as a command line or environment takes it: integral budgets as integers."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def launch_values(cfg: dict[str, Any], budget_s: float) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """The trial's constants, extra command-line arguments and environment: the knobs' values with the
+    budget and the seed put through their own knobs (the kit's budget flag by default in its dialect)."""
+    constants = dict(cfg.get("constants", {}))
+    argv = [str(a) for a in cfg.get("flags", [])]
+    env = {str(k): str(v) for k, v in cfg.get("env", {}).items()}
+    knobs = [(cfg.get("budget_knob") or (KIT_BUDGET_KNOB if cfg.get("dialect") == "kit" else None), budget_s)]
+    if cfg.get("seed") is not None:
+        knobs.append((cfg.get("seed_knob"), cfg["seed"]))
+    for knob, value in knobs:
+        if knob is None:
+            continue
+        if knob["kind"] == "constant":
+            constants[knob["name"]] = int(value) if isinstance(value, float) and value.is_integer() else value
+        elif knob["kind"] == "flag":
+            argv += [knob["name"], knob_text(value)]
+        else:
+            env[knob["name"]] = knob_text(value)
+    return constants, argv, env
+
+
+def prepare_workdir(cfg: dict[str, Any], budget_s: float, work: Path,
+                    constants: dict[str, Any] | None = None) -> tuple[Path, Path | None]:
+    """OUT/script/: the rewritten script, the kit's copy, the kit folder's other entries linked beside.
+
+    In the kit's dialect the kit's prepare.py is copied byte for byte (the kit is never modified: the
+    budget reaches the script through its own knob); in autoresearch's the copy's budget constant is the
+    trial's budget, as that kit has no other way in."""
     script = Path(cfg["script"]).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
-        text = source.rewrite(script.read_text(encoding="utf-8"), cfg.get("constants", {}))
+        text = source.rewrite(script.read_text(encoding="utf-8"),
+                              cfg.get("constants", {}) if constants is None else constants)
     except (source.ScriptError, ValueError, SyntaxError) as e:
         line = f":{e.line}" if isinstance(e, source.ScriptError) and e.line else ""
         raise BadConfig(f"{script}{line}: {e}") from None
@@ -91,12 +141,17 @@ def prepare_workdir(cfg: dict[str, Any], budget_s: float, work: Path) -> tuple[P
     kit_text = kit.read_text(encoding="utf-8")
     found = source.constants(kit_text)
     values = dict(cfg.get("kit_constants", {}))
-    for name in cfg.get("kit_budget_constants", BUDGET_CONSTANTS):
+    budget_constants = () if cfg.get("dialect") == "kit" or cfg.get("budget_knob") else \
+        cfg.get("kit_budget_constants", BUDGET_CONSTANTS)
+    for name in budget_constants:
         if name in found:
             literal = found[name][0].value
             values[name] = int(budget_s) if isinstance(literal, int) and budget_s == int(budget_s) else float(budget_s)
     try:
-        (work / kit.name).write_text(source.rewrite(kit_text, values), encoding="utf-8")
+        if values:
+            (work / kit.name).write_text(source.rewrite(kit_text, values), encoding="utf-8")
+        else:
+            shutil.copyfile(kit, work / kit.name)
     except (source.ScriptError, ValueError) as e:
         line = f":{e.line}" if isinstance(e, source.ScriptError) and e.line else ""
         raise BadConfig(f"{kit}{line}: {e}") from None
@@ -108,16 +163,19 @@ def prepare_workdir(cfg: dict[str, Any], budget_s: float, work: Path) -> tuple[P
     return target, work / kit.name
 
 
-def kit_setup(kit: Path) -> str | None:
-    """The kit's own ``python prepare.py`` in its folder, once per version of it (what a team runs once per
-    machine); concurrent trials wait on one lock. Returns why it failed, or None."""
-    marker, digest = kit.parent / ".kit-ready", sha256(kit)
+def kit_setup(kit: Path, args: list[str] | None = None) -> str | None:
+    """The kit's own ``python prepare.py ARGS`` in its folder (``setup`` in the kit's dialect), once per
+    version of it and its arguments (what a team runs once per machine); concurrent trials wait on one
+    lock. Returns why it failed, or None."""
+    args = [str(a) for a in (args or [])]
+    marker = kit.parent / ".kit-ready"
+    digest = hashlib.sha256((sha256(kit) + "\0" + "\0".join(args)).encode()).hexdigest() if args else sha256(kit)
     with open(kit.parent / ".kit-ready.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.is_file() and marker.read_text().strip() == digest:
             return None
-        proc = subprocess.run([sys.executable, kit.name], cwd=kit.parent, stdout=sys.stderr, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, text=True, errors="replace")
+        proc = subprocess.run([sys.executable, kit.name, *args], cwd=kit.parent, stdout=sys.stderr,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace")
         sys.stderr.write(proc.stderr)
         if proc.returncode:
             return f"kit setup ({kit} exited {proc.returncode}): {last_error(proc.stderr)}"
@@ -135,8 +193,10 @@ def last_error(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def launch_command(script: Path, ranks: int, rank_module: str | None) -> list[str]:
-    if ranks <= 1:
+def launch_command(script: Path, ranks: int, rank_module: str | None, torchrun: bool = False) -> list[str]:
+    """``python train.py``, or torchrun for several ranks; in the kit's dialect torchrun always, one rank
+    included (a kit script may need its process group)."""
+    if ranks <= 1 and not torchrun:
         return [sys.executable, script.name]
     entry = ["-m", rank_module, script.name] if rank_module else [script.name]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *entry]
@@ -171,7 +231,10 @@ class ScriptRun:
                  as_json: bool) -> None:
         self.cfg, self.budget_s, self.out_dir = cfg, budget_s, out_dir
         self.ranks, self.rank_module, self.as_json = ranks, rank_module, as_json
-        self.reader = Reader(Patterns.build(cfg.get("output")))
+        self.dialect = cfg.get("dialect", "autoresearch")
+        patterns = Patterns.build(cfg.get("output"), self.dialect)
+        self.reader = Reader(patterns)
+        self.err_reader = Reader(patterns)  # stderr: a kit script raises its `bad loss detected` there
         self.fractions = sorted(float(f) for f in cfg.get("eval_fractions", []))
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = False
@@ -179,6 +242,9 @@ class ScriptRun:
         self.smooth, self.smooth_n, self.val = 0.0, 0, None
         self.err_tail = b""
         self.steps_seen = 0
+        self.last_progress = time.monotonic()
+        self.silences: list[str] = []
+        self.over_budget: str | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.as_json:
@@ -199,6 +265,28 @@ class ScriptRun:
                 sys.stderr.buffer.write(chunk)
                 sys.stderr.buffer.flush()
             self.err_tail = (self.err_tail + chunk)[-8192:]
+            self.err_reader.feed(chunk)
+            if self.err_reader.failed_line and not self.diverged:
+                self.diverged = f"the script printed {self.err_reader.failed_line!r}"
+
+    def _watch(self, started: float) -> None:
+        """Stop a script past its budget, start-up allowance and grace (over budget), and note a script
+        that prints no progress line for ``progress_silence_s``."""
+        limit = self.budget_s + float(self.cfg.get("startup_allowance_s", 900)) + \
+            float(self.cfg.get("over_budget_grace_s", 60))
+        silence = float(self.cfg.get("progress_silence_s", 300))
+        noted = 0.0
+        while self.child is not None and self.child.poll() is None:
+            now = time.monotonic()
+            quiet = now - self.last_progress
+            if quiet >= silence and self.last_progress > noted:
+                noted = self.last_progress
+                self.silences.append(f"no progress line for {quiet:.0f} s after {self.last_progress - started:.0f} s")
+            if now - started > limit and self.over_budget is None:
+                self.over_budget = (f"over budget: still running {now - started:.0f} s after launch (budget "
+                                    f"{self.budget_s:g} s + start-up allowance + grace = {limit:g} s); stopped")
+                self._stop_child()
+            time.sleep(0.2)
 
     def _line(self, figures: Any) -> None:
         if figures is None or self.diverged:
@@ -213,7 +301,10 @@ class ScriptRun:
             self.smooth = SMOOTHING * self.smooth + (1 - SMOOTHING) * figures.loss
             self.smooth_n += 1
         if figures.progress is None:
+            figures.progress = self._fraction(figures)
+        if figures.progress is None:
             return
+        self.last_progress = time.monotonic()
         self.steps_seen += 1
         now = time.monotonic()
         if self.steps_seen == 1 or now - self._last_step_event >= STEP_EVENTS_S:
@@ -232,11 +323,22 @@ class ScriptRun:
                 self.emit({"event": "eval", "val_bpb": value, "metric": metric, "progress": f,
                            "charged_s": f * self.budget_s})
 
+    def _fraction(self, figures: Any) -> float | None:
+        """The fraction done from what the kit's line says is left: time against the trial's budget, steps
+        against the steps done (where the script caps steps); the further of the two."""
+        found = []
+        if figures.remaining_time is not None and self.budget_s > 0:
+            found.append(1.0 - figures.remaining_time / self.budget_s)
+        step, left = figures.step, figures.remaining_steps
+        if left is not None and step is not None and step + left > 0:
+            found.append(step / (step + left))
+        return min(1.0, max(0.0, max(found))) if found else None
+
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         record: dict[str, Any] = {"script": cfg["script"], "script_sha256": sha256(Path(cfg["script"])),
                                   "constants": cfg.get("constants", {}), "budget_s": self.budget_s,
-                                  "world_size": self.ranks, "config": cfg}
+                                  "world_size": self.ranks, "config": cfg, "dialect": self.dialect}
         expected = cfg.get("script_sha256")
         if expected and expected != record["script_sha256"]:
             return {**record, "status": "failed", "val_bpb": None,
@@ -246,19 +348,26 @@ class ScriptRun:
         self.emit({"event": "start", "script": cfg["script"], "script_sha256": record["script_sha256"],
                    "budget_s": self.budget_s, "ranks": self.ranks})
         if cfg.get("kit") and cfg.get("kit_setup"):  # first: the kit folder's entries are linked once they exist
-            why = kit_setup(Path(cfg["kit"]).resolve())
+            why = kit_setup(Path(cfg["kit"]).resolve(), cfg.get("kit_setup_args"))
             if why:
                 return {**record, "status": "failed", "val_bpb": None, "reason": why}
-        script, kit = prepare_workdir(cfg, self.budget_s, self.out_dir / "script")
+        constants, argv, knob_env = launch_values(cfg, self.budget_s)
+        script, kit = prepare_workdir(cfg, self.budget_s, self.out_dir / "script", constants)
         self._last_step_event = 0.0
         started = time.monotonic()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.child = subprocess.Popen(launch_command(script, self.ranks, self.rank_module), cwd=script.parent,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **knob_env}
+        if cfg.get("lnc") is not None:
+            env[LNC_VAR] = str(cfg["lnc"])
+        command = launch_command(script, self.ranks, self.rank_module, torchrun=self.dialect == "kit") + argv
+        record["command"] = " ".join(command[command.index(script.name):])
+        self.child = subprocess.Popen(command, cwd=script.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, env=env)
         tee = threading.Thread(target=self._tee_stderr, args=(self.child.stderr,), daemon=True)
         tee.start()
+        threading.Thread(target=self._watch, args=(started,), daemon=True).start()
         kept = 0
-        with open(self.out_dir / "script.out", "wb") as raw:
+        # Unbuffered: a trial killed at its deadline keeps every line read before it.
+        with open(self.out_dir / "script.out", "wb", buffering=0) as raw:
             assert self.child.stdout is not None
             fd = self.child.stdout.fileno()
             while chunk := os.read(fd, 65536):
@@ -271,22 +380,32 @@ class ScriptRun:
                 self._line(figures)
         code = self.child.wait()
         tee.join(timeout=5)
+        for _, _figures in self.err_reader.finish():
+            pass
+        if self.err_reader.failed_line and not self.diverged:
+            self.diverged = f"the script printed {self.err_reader.failed_line!r}"
         summary = dict(self.reader.summary)
         record.update({k: v for k, v in summary.items() if k not in record})
         record.update(summary_fields(summary), wall_seconds=time.monotonic() - started, exit_code=code,
                       summary=summary)
+        if self.silences:
+            record["progress_silence"] = "; ".join(self.silences)
         return self._classify(record, code, script, kit)
 
     def _classify(self, record: dict[str, Any], code: int, script: Path, kit: Path | None) -> dict[str, Any]:
         err = last_error(self.err_tail.decode("utf-8", "replace"))
         if self.stopping:
             return {**record, "status": "stopped", "val_bpb": None, "reason": "stopped by SIGTERM"}
+        if self.over_budget:
+            return {**record, "status": "rejected", "val_bpb": None, "over_budget": True, "reason": self.over_budget}
         if self.diverged or self.reader.failed_line:
             return {**record, "status": "diverged", "val_bpb": None,
                     "reason": self.diverged or f"the script printed {self.reader.failed_line!r}"}
         if code != 0:
             return {**record, "status": "failed", "val_bpb": None,
                     "reason": err or f"the script exited with code {code}"}
+        if self.dialect == "kit":
+            return self._score_kit(record, script, kit)
         val = record.get("val_bpb")
         if isinstance(val, (int, float)) and not isinstance(val, bool):
             if not math.isfinite(val):
@@ -307,6 +426,100 @@ class ScriptRun:
         status = "ok" if math.isfinite(val) else "diverged"
         return {**record, "status": status, "val_bpb": val if status == "ok" else None, "val_bpb_source": "kit",
                 "eval_seconds": time.monotonic() - t0}
+
+    def _score_kit(self, record: dict[str, Any], script: Path, kit: Path | None) -> dict[str, Any]:
+        """The kit's own scorer on out/final.pt, as teams run it, in a fresh process after every rank has
+        exited; what the script printed is only its claim. A run the scorer would reject (over budget,
+        causality failed) is ``rejected``: recorded with its score, never the study's best."""
+        summary = record.get("summary", {})
+        claimed = summary.get("public_val_bpb")
+        if isinstance(claimed, (int, float)) and not isinstance(claimed, bool):
+            record["claimed_val_bpb"] = float(claimed)
+        checkpoint = script.parent / "out" / "final.pt"
+        if kit is None or not checkpoint.is_file():
+            return {**record, "status": "failed", "val_bpb": None,
+                    "reason": "no out/final.pt (or no kit) for the kit's eval-public to score"}
+        tokens = int(self.cfg.get("eval_tokens", 2097152))
+        try:
+            scored, seconds = eval_public(kit, script, checkpoint, self.cfg, tokens)
+        except ScoreError as e:
+            return {**record, "status": "failed", "val_bpb": None, "reason": f"eval-public: {e}"}
+        val = scored.get("val_bpb")
+        record.update(val_bpb_source="eval-public", eval_tokens=tokens, eval_wall_seconds=round(seconds, 3),
+                      eval_public={k: v for k, v in scored.items() if isinstance(v, (int, float, bool, str))})
+        if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val):
+            return {**record, "status": "diverged", "val_bpb": None, "reason": f"eval-public gave val_bpb {val!r}"}
+        record["val_bpb"] = float(val)
+        if "claimed_val_bpb" in record:
+            tolerance = float(self.cfg.get("claim_tolerance", 1e-4))
+            record["claim_differs"] = abs(record["claimed_val_bpb"] - val) > tolerance
+        why = [k for k, bad in (("over_budget", summary.get("over_budget") is True),
+                                ("causality_passed", summary.get("causality_passed") is False),
+                                ("eval_over_timeout", scored.get("eval_over_timeout") is True)) if bad]
+        if why:
+            return {**record, "status": "rejected",
+                    "reason": "the scorer would reject it: " + ", ".join(f"{k} {summary.get(k, scored.get(k))}"
+                                                                          for k in why)}
+        return {**record, "status": "ok"}
+
+
+class ScoreError(RuntimeError):
+    """The kit's scorer did not give a score: why, in one line."""
+
+
+def eval_args(cfg: dict[str, Any], tokens: int) -> list[str]:
+    """The spec's evaluation arguments with their placeholders filled (the kit's flag names are not public)."""
+    values = {"eval_tokens": tokens, "seq_len": int(cfg.get("eval_seq_len", 1024)),
+              "batch_size": int(cfg.get("eval_batch_size", 8)), "device": str(cfg.get("eval_device", "cpu"))}
+    return [str(a).format(**values) for a in cfg.get("eval_args", KIT_EVAL_ARGS)]
+
+
+def eval_timeout(kit: Path, cfg: dict[str, Any]) -> float:
+    """The spec's eval_timeout_s, else the kit's own EVAL_TIMEOUT_SECONDS, else its documented 1200 s."""
+    if cfg.get("eval_timeout_s"):
+        return float(cfg["eval_timeout_s"])
+    with contextlib.suppress(OSError, SyntaxError, ValueError):
+        found = source.constants(kit.read_text(encoding="utf-8")).get("EVAL_TIMEOUT_SECONDS", [])
+        if len(found) == 1 and isinstance(found[0].value, (int, float)) and not isinstance(found[0].value, bool):
+            return float(found[0].value)
+    return KIT_EVAL_TIMEOUT_S
+
+
+def read_json_object(text: str) -> dict[str, Any]:
+    """The last JSON object a command printed (the kit prints one, indented; other lines may precede it)."""
+    with contextlib.suppress(ValueError):
+        whole = json.loads(text)
+        if isinstance(whole, dict):
+            return whole
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].lstrip().startswith("{"):
+            with contextlib.suppress(ValueError):
+                obj = json.loads("\n".join(lines[i:]))
+                if isinstance(obj, dict):
+                    return obj
+    raise ScoreError(f"printed no JSON object (last line: {lines[-1][:200] if lines else 'none'!r})")
+
+
+def eval_public(kit: Path, script: Path, checkpoint: Path, cfg: dict[str, Any],
+                tokens: int) -> tuple[dict[str, Any], float]:
+    """``python prepare.py eval-public --train-py train.py --checkpoint out/final.pt ARGS`` in the trial's
+    folder: the kit's JSON and its wall time. Its limit is the kit's evaluation timeout."""
+    command = [sys.executable, kit.name, "eval-public", "--train-py", script.name,
+               "--checkpoint", str(checkpoint.relative_to(script.parent)), *eval_args(cfg, tokens)]
+    t0 = time.monotonic()
+    limit = eval_timeout(kit, cfg)
+    try:
+        proc = subprocess.run(command, cwd=script.parent, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=limit, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired:
+        raise ScoreError(f"no score within {limit:g} s (the kit's evaluation timeout)") from None
+    seconds = time.monotonic() - t0
+    out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+    sys.stderr.write(err[-20000:])
+    if proc.returncode:
+        raise ScoreError(f"exited {proc.returncode}: {last_error(err) or last_error(out)}")
+    return read_json_object(out), seconds
 
 
 def summary_fields(summary: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ stores what it returns. Outcomes:
 - ``diverged`` -> PRUNED with ``fail_kind = "diverged"``: a diverging config is a bad point the
   sampler should learn from (TPE ranks pruned trials below complete ones), not a broken run;
 - ``failed`` (the trainer caught an error, e.g. out of memory) -> FAIL, kind ``oom`` or ``failed``;
+- ``rejected`` (a run the competition's scorer would not take: over budget, causality failed) -> FAIL,
+  kind ``rejected``: recorded with its figures, never the study's best, never promoted or exported;
 - no result line: exit 2 -> FAIL ``config`` (the driver aborts the sweep: every trial would fail
   alike); killed at the deadline -> FAIL ``deadline``; any other exit or signal -> FAIL ``crash``,
   which the driver retries once with the same parameters.
@@ -404,6 +406,8 @@ class Supervisor:
             reason = str(rec.get("reason") or tail or "no reason given")
             out.fail_kind = "oom" if is_oom(reason) else "failed"
             out.reason = f"trainer failed: {reason}"
+        elif status == "rejected":
+            out.fail_kind, out.reason = "rejected", str(rec.get("reason") or "the scorer would reject it")
         elif status == "stopped":
             out.fail_kind, out.reason = "lost", "trainer stopped by a signal the supervisor did not send"
         elif self._deadline_hit:

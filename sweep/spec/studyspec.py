@@ -191,7 +191,8 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         raise r.error(f"trial.env.{ENV_MEMORY_MB}", str(e).split(": ", 1)[-1]) from None
     res = r.table(trial.get("resources", {}), "trial.resources", {"num_cpus", "num_gpus", "neuron_cores"})
     resources = Resources(
-        num_cpus=r.number(res, "trial.resources.num_cpus", low=0, default=1.0),
+        # a CPU core per rank unless the spec says otherwise: torchrun's ranks each run a process
+        num_cpus=r.number(res, "trial.resources.num_cpus", low=0, default=float(ranks)),
         num_gpus=r.number(res, "trial.resources.num_gpus", low=0, default=0.0),
         neuron_cores=r.integer(res, "trial.resources.neuron_cores", low=0, default=0),
     )
