@@ -32,11 +32,13 @@ would exceed the upload limit or anything else fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
 import pprint
 import re
+import shlex
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -189,6 +191,19 @@ def launch_shape(spec: Any, t: Any) -> tuple[int, int, str | None]:
     return ranks, lnc, flags
 
 
+def competition_shape(spec: Any, t: Any) -> tuple[int, int, str | None]:
+    """(ranks, lnc, NEURON_CC_FLAGS) of a scored run of a kit script: the whole chip at the LNC the trial
+    set (the cluster's default otherwise), whatever the trial itself ran on (a CPU trial's one or two ranks)."""
+    lnc = t.user_attrs.get("launch_lnc")
+    flags = t.user_attrs.get("neuron_cc_flags")
+    with contextlib.suppress(neuron.LaunchError, ValueError):
+        _, s_lnc, s_flags = neuron.launch_values(spec.space.trainer_config(t.params), spec.ranks, spec.env)
+        lnc = lnc if lnc is not None else s_lnc
+        flags = flags if flags is not None else s_flags
+    lnc = lnc if lnc in neuron.LNC_VALUES else neuron.DEFAULT_NODE_LNC
+    return neuron.CORES_PER_CHIP // lnc, lnc, flags
+
+
 def launch_line(ranks: int, lnc: int) -> str:
     return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={ranks} train.py"
 
@@ -271,7 +286,10 @@ def export_script(spec: Any, study_name: str, t: Any, out_dir: Path, root: Path 
     """A trial of a study of a script: the team's script with the trial's constants (only those literals
     differ from the file), launch.sh and provenance.json. The script must be the one the trial ran."""
     script = spec.script
-    ranks, lnc, flags = launch_shape(spec, t)
+    if getattr(script, "dialect", "autoresearch") == "kit":
+        ranks, lnc, flags = competition_shape(spec, t)
+    else:
+        ranks, lnc, flags = launch_shape(spec, t)
     ran = t.user_attrs.get("script_sha256")
     now = hashlib.sha256(script.script.read_bytes()).hexdigest()
     if ran and ran != now:
@@ -284,7 +302,12 @@ def export_script(spec: Any, study_name: str, t: Any, out_dir: Path, root: Path 
         warnings.append(f"train.py is {len(data):,} bytes, over the upload limit of {bundle.UPLOAD_LIMIT_BYTES:,}")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train.py").write_bytes(data)
-    launch = launch_line(ranks, lnc)
+    knob_env = script.launch_env(flat) if hasattr(script, "launch_env") else {}
+    if knob_env:  # a knob read from the environment cannot be baked into the file: it goes on the launch line
+        warnings.append("the environment knobs " + ", ".join(sorted(knob_env)) + " cannot be baked into train.py; "
+                        "launch.sh sets them")
+    launch = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(knob_env.items())) + (" " if knob_env else "") + \
+        launch_line(ranks, lnc)
     sh = out_dir / "launch.sh"
     sh.write_text(fill("launch.sh", {"study": study_name, "trial": t.number, "launch": launch}))
     sh.chmod(0o755)
