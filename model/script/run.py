@@ -359,7 +359,7 @@ class ScriptRun:
         if cfg.get("lnc") is not None:
             env[LNC_VAR] = str(cfg["lnc"])
         command = launch_command(script, self.ranks, self.rank_module, torchrun=self.dialect == "kit") + argv
-        record["command"] = " ".join(command[command.index(script.name):])
+        record["command"] = " ".join(["python", *command[1:]])
         self.child = subprocess.Popen(command, cwd=script.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, env=env)
         tee = threading.Thread(target=self._tee_stderr, args=(self.child.stderr,), daemon=True)
