@@ -47,6 +47,16 @@ CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_consta
                "dialect", "flags", "env", "budget_knob", "seed_knob", "seed", "eval_args", "eval_tokens",
                "eval_seq_len", "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance",
                "eval_timeout_s"}
+# The summary block's fields each dialect's scripts print, the only ones copied into the record (the whole
+# block stays under "summary"): nothing a script prints may set a field the service acts on (status, seed,
+# adhoc, core). In the kit's dialect even its val_bpb figure is only a claim (claimed_val_bpb).
+SUMMARY_KEYS = {
+    "kit": frozenset({"checkpoint_path", "training_seconds", "budget_seconds", "target_steps", "max_train_seconds",
+                      "startup_allowance_est", "charged_seconds_est", "over_budget", "total_seconds", "compiled",
+                      "num_steps", "total_tokens_M", "world_size", "lnc", "seq_len", "num_params_M",
+                      "causality_passed", "causality_max_abs", "eval_seconds", "eval_timeout", "eval_over_timeout"}),
+}
+SUMMARY_KEYS["autoresearch"] = SUMMARY_KEYS["kit"] | {"val_bpb", "peak_vram_mb", "mfu_percent", "depth"}
 KIT_BUDGET_KNOB = {"kind": "flag", "name": "--max-train-seconds"}  # the kit baseline's own budget flag
 KIT_EVAL_ARGS = ["--seq-len", "{seq_len}", "--eval-tokens", "{eval_tokens}"]  # a guess: the kit's names are not public
 KIT_EVAL_TIMEOUT_S = 1200.0  # the kit's EVAL_TIMEOUT_SECONDS when its prepare.py does not say
@@ -385,7 +395,7 @@ class ScriptRun:
         if self.err_reader.failed_line and not self.diverged:
             self.diverged = f"the script printed {self.err_reader.failed_line!r}"
         summary = dict(self.reader.summary)
-        record.update({k: v for k, v in summary.items() if k not in record})
+        record.update({k: v for k, v in summary.items() if k in SUMMARY_KEYS[self.dialect] and k not in record})
         record.update(summary_fields(summary), wall_seconds=time.monotonic() - started, exit_code=code,
                       summary=summary)
         if self.silences:

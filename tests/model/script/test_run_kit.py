@@ -131,3 +131,17 @@ def test_bad_loss_detected_on_stderr_is_diverged_in_the_kit_dialect(tmp_path):
     assert "bad loss detected" in rec["reason"]
     # one rank, launched through torchrun all the same; the budget on the kit's own flag
     assert "torch.distributed.run --standalone --nproc_per_node 1 train.py --max-train-seconds 30" in rec["command"]
+
+
+def test_only_the_dialects_summary_fields_reach_the_record(tmp_path):
+    script = _script(tmp_path, """
+        print("---")
+        print("val_bpb: 1.5")
+        print("num_steps: 12")
+        print("adhoc: true")
+        print("core: 0.9")
+        print("status: ok")
+    """)
+    rec = _run(tmp_path, {"script": str(script)}, budget=30)
+    assert rec["val_bpb"] == 1.5 and rec["num_steps"] == 12 and rec["summary"]["adhoc"] is True
+    assert "adhoc" not in rec and "core" not in rec
