@@ -213,14 +213,15 @@ def launch_command(script: Path, ranks: int, rank_module: str | None, torchrun: 
 
 
 def definitions(script: Path) -> types.ModuleType:
-    """The script's imports, functions, classes and call-free assignments, run as a module: its
-    ``load_for_eval`` without its training (a script that trains at module level is common)."""
+    """The script's imports, functions, classes, ``try:`` blocks and call-free assignments, run as a module:
+    its ``load_for_eval`` without its training (a script that trains at module level is common)."""
     tree = ast.parse(script.read_bytes())
-    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Try)
     body = [n for n in tree.body if isinstance(n, keep) or (isinstance(n, (ast.Assign, ast.AnnAssign))
                                                             and not any(isinstance(c, ast.Call) for c in ast.walk(n)))]
     module = types.ModuleType("trnsweep_script")
     module.__file__ = str(script)
+    sys.modules[module.__name__] = module  # @dataclass looks its class's module up there
     sys.path.insert(0, str(script.parent))
     exec(compile(ast.Module(body=body, type_ignores=[]), str(script), "exec"), module.__dict__)  # noqa: S102
     return module
@@ -230,7 +231,9 @@ def evaluate_checkpoint(script: Path, kit: Path, checkpoint: Path, batch_size: i
     """The kit's evaluate_bpb on the checkpoint, the model built by the script's load_for_eval."""
     from model.data.kit import load_kit
 
-    model = definitions(script).load_for_eval(str(checkpoint), device)
+    import torch
+
+    model = definitions(script).load_for_eval(str(checkpoint), torch.device(device))
     return float(load_kit(kit, device).evaluate_bpb(model, batch_size))
 
 

@@ -145,3 +145,26 @@ def test_only_the_dialects_summary_fields_reach_the_record(tmp_path):
     rec = _run(tmp_path, {"script": str(script)}, budget=30)
     assert rec["val_bpb"] == 1.5 and rec["num_steps"] == 12 and rec["summary"]["adhoc"] is True
     assert "adhoc" not in rec and "core" not in rec
+
+
+def test_the_fallback_scorer_keeps_dataclasses_try_blocks_and_passes_a_device(tmp_path):
+    script = _script(tmp_path, """
+        from __future__ import annotations
+        from dataclasses import dataclass
+        try:
+            import torch
+        except ImportError:
+            torch = None
+
+        @dataclass
+        class Config:
+            width: int = 3
+
+        def load_for_eval(checkpoint_path, device):
+            assert isinstance(device, torch.device), type(device)
+            return Config()
+
+        raise SystemExit("training at module level is not run")
+    """)
+    module = run.definitions(script)
+    assert module.load_for_eval("x", __import__("torch").device("cpu")).width == 3
