@@ -247,7 +247,8 @@ def _is_env_get(node: ast.expr) -> bool:
 class _Default:
     """What a flag's default expression bakes to, found by unwrapping casts, env look-ups and ``!= "0"``."""
 
-    def __init__(self, node: ast.expr | None, offsets: list[int], casts: set[str]) -> None:
+    def __init__(self, node: ast.expr | None, offsets: list[int], casts: set[str],
+                 fallbacks: Mapping[str, int] | None = None) -> None:
         self.span, self.value, self.constant, self.negated, self.env = (-1, -1), None, None, None, None
         self.param: str | None = None  # a helper's parameter the default comes from
         while node is not None:
@@ -275,7 +276,25 @@ class _Default:
             if isinstance(node, ast.Call) and _call_name(node.func) in casts and len(node.args) == 1:
                 node = node.args[0]
                 continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (fallbacks or {}):
+                at = (fallbacks or {})[node.func.id]  # a function of the script's taking a fallback, as an
+                arg = node.args[at] if at < len(node.args) else _keyword(node, "default")  # env reader's
+                if arg is not None:
+                    node = arg
+                    continue
             return
+
+
+def _fallback_functions(tree: ast.Module) -> dict[str, int]:
+    """The script's functions with a parameter named ``default`` (as a helper reading a flag's environment
+    variable, ``_env("--seed", int, 42)``): name -> that parameter's position."""
+    out = {}
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+            if "default" in params:
+                out.setdefault(fn.name, params.index("default"))
+    return out
 
 
 def _helpers(tree: ast.Module) -> dict[str, tuple[list[str], ast.Call]]:
@@ -298,7 +317,7 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 
 def _helper_flag(name: str, call: ast.Call, helper: str, params: list[str], inner: ast.Call,
-                 offsets: list[int]) -> Flag:
+                 offsets: list[int], fallbacks: Mapping[str, int]) -> Flag:
     """A flag built by ``helper``: its type and default are the call's arguments for the parameters that the
     helper passes on as ``type=`` and (inside ``default=``) as the default; failing that, the first argument
     after the flag that names a type is the type and the first other one the default."""
@@ -316,7 +335,7 @@ def _helper_flag(name: str, call: ast.Call, helper: str, params: list[str], inne
     default_node = bound.get(default_key) if default_key else next((a for a in rest if a is not type_node), None)
     kind = _type_name(type_node)
     action = _action(_keyword(inner, "action"))
-    d = _Default(default_node, offsets, {"int", "float", "str", "bool"})
+    d = _Default(default_node, offsets, {"int", "float", "str", "bool"}, fallbacks)
     return Flag(name, call.lineno, kind, action, action == "boolean_optional", *d.span, d.value, d.constant,
                 d.negated, d.env, helper)
 
@@ -327,7 +346,7 @@ def flags(text: str) -> dict[str, Flag]:
     data = text.encode("utf-8")
     offsets = _line_offsets(data)
     tree = ast.parse(data)
-    helpers = _helpers(tree)
+    helpers, fallbacks = _helpers(tree), _fallback_functions(tree)
     found: dict[str, Flag] = {}
     calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
     for call in calls:
@@ -341,13 +360,13 @@ def flags(text: str) -> dict[str, Flag]:
                 _keyword(call, "type"))
             type_node = _keyword(call, "type")
             casts = {"int", "float", "str", "bool"} | ({type_node.id} if isinstance(type_node, ast.Name) else set())
-            d = _Default(_keyword(call, "default"), offsets, casts)
+            d = _Default(_keyword(call, "default"), offsets, casts, fallbacks)
             for n in names:
                 found.setdefault(n, Flag(n, call.lineno, kind, action, action == "boolean_optional", *d.span, d.value,
                                          d.constant, d.negated, d.env))
         elif isinstance(call.func, ast.Name) and fname in helpers:
             params, inner = helpers[fname]
-            found.setdefault(names[0], _helper_flag(names[0], call, fname, params, inner, offsets))
+            found.setdefault(names[0], _helper_flag(names[0], call, fname, params, inner, offsets, fallbacks))
     return found
 
 
@@ -432,8 +451,10 @@ def rewrite_flag_defaults(text: str, values: Mapping[str, Any]) -> str:
 
 # -- environment variables and the kit's names -------------------------------------------------------------
 
-def _env_prefixes(tree: ast.Module) -> set[str]:
-    """String literals ending in "_" that start a built name: ``"PREFIX_" + ...`` or ``f"PREFIX_{...}"``."""
+def _env_prefixes(tree: ast.Module, text: str) -> set[str]:
+    """Strings ending in "_" that start a built name: ``"PREFIX_" + ...``, ``f"PREFIX_{...}"``, or a module
+    constant ``PREFIX = "PREFIX_"`` so used."""
+    named = {n: b[0].value for n, b in constants(text).items() if len(b) == 1 and isinstance(b[0].value, str)}
     out = set()
     for node in ast.walk(tree):
         head: ast.expr | None = None
@@ -441,14 +462,19 @@ def _env_prefixes(tree: ast.Module) -> set[str]:
             head = node.left
         elif isinstance(node, ast.JoinedStr) and node.values:
             head = node.values[0]
-        if isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.endswith("_"):
-            out.add(head.value)
+        if isinstance(head, ast.FormattedValue):
+            head = head.value
+        value = head.value if isinstance(head, ast.Constant) else named.get(head.id) if isinstance(
+            head, ast.Name) else None
+        if isinstance(value, str) and value.endswith("_"):
+            out.add(value)
     return out
 
 
 def names_env(text: str, var: str) -> bool:
     """Whether the script names the environment variable ``var``: the name appears in its text, or ``var`` is
-    a built name PREFIX + FLAG, where ``"PREFIX_" + ...`` (or an f-string starting so) is in the script and
+    a built name PREFIX + FLAG, where ``"PREFIX_" + ...`` (or an f-string starting so, or a module constant
+    holding "PREFIX_" so used) is in the script and
     FLAG is one of its flags upper-cased with "-" as "_" (a heuristic for a team's helper that derives each
     flag's variable, as the kit's baseline names them ``NEURON_COMPETITION_R1_<FLAG>``)."""
     if var in text:
@@ -458,7 +484,7 @@ def names_env(text: str, var: str) -> bool:
     except SyntaxError:
         return False
     built = {f.lstrip("-").replace("-", "_").upper() for f in flags(text)}
-    return any(var.startswith(p) and var[len(p):] in built for p in _env_prefixes(tree))
+    return any(var.startswith(p) and var[len(p):] in built for p in _env_prefixes(tree, text))
 
 
 def prepare_imports(text: str) -> set[str]:

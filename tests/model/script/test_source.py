@@ -227,3 +227,34 @@ def test_the_names_taken_from_prepare_are_imported_ones_and_attribute_uses():
     assert source.prepare_imports("import prepare as kit\nx = kit.TIME_BUDGET\nfrom other import Tokenizer\n") == {
         "TIME_BUDGET"}
     assert source.prepare_imports("from .prepare import Tokenizer\n") == set()  # a package's own module
+
+
+ENV_READER_SCRIPT = '''import argparse
+import os
+
+PREFIX = "TEAM_"
+P = argparse.ArgumentParser()
+
+
+def from_env(flag, cast, default):
+    raw = os.environ.get(PREFIX + flag.lstrip("-").upper().replace("-", "_"))
+    return default if raw is None else cast(raw)
+
+
+def hp(flag, cast, default):
+    P.add_argument(flag, type=cast, default=from_env(flag, cast, default))
+
+
+P.add_argument("--steps", type=int, default=from_env("--steps", int, 100))
+hp("--seed", int, 42)
+'''
+
+
+def test_a_default_read_through_the_scripts_own_environment_function_is_baked_at_its_fallback():
+    found = source.flags(ENV_READER_SCRIPT)
+    assert (found["--steps"].value, found["--seed"].value) == (100, 42)
+    out = source.rewrite_flag_defaults(ENV_READER_SCRIPT, {"--steps": 250, "--seed": 3})
+    assert out == ENV_READER_SCRIPT.replace('int, 100)', 'int, 250)').replace('hp("--seed", int, 42)',
+                                                                             'hp("--seed", int, 3)')
+    # The prefix is a module constant here: TEAM_<FLAG> is named for each declared flag.
+    assert source.names_env(ENV_READER_SCRIPT, "TEAM_STEPS") and not source.names_env(ENV_READER_SCRIPT, "TEAM_LR")
