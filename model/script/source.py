@@ -12,6 +12,9 @@ whose body calls ``add_argument`` with one of its parameters (a team's flag-buil
 baked by rewriting the literal it falls back to, seen through the wrappers teams put around it
 (``int(...)``, ``os.environ.get(VAR, fallback)``, ``os.environ.get(VAR, "1") != "0"``), or the module
 constant it names.
+
+Long file: the script's three kinds of knob are read and rewritten by one set of byte-offset helpers, and a
+spec check and an export each use all of them together.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ The dialect (``[trial] dialect``, detected from what the script imports from pre
 the trainer, :mod:`model.script.run`, speaks to the script: the competition kit's (the budget through the
 script's own ``--max-train-seconds``, the score from ``prepare.py eval-public``) or upstream autoresearch's
 (the budget written into a copy of the kit). The trainer gets the config built here.
+
+Long file: the keys of a script study, their defaults per dialect and their checks against the script are
+one table of rules; split, each half would need the other's.
 """
 
 from __future__ import annotations
