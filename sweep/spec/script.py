@@ -427,7 +427,12 @@ def _check_knobs(r: SpecReader, spec: ScriptSpec, space: SearchSpace, spec_text:
     found, declared = source.constants(text), source.flags(text)
     warnings: list[str] = []
     flag_info: dict[str, source.Flag] = {}
-    for key, kinds in key_kinds(space).items():
+    all_kinds = key_kinds(space)
+    for key in sorted(trial_knobs - set(all_kinds)):
+        others = ", ".join(sorted(set(all_kinds) - params)) or "none"
+        raise _fail(r, spec_text, f"trial.knobs.{key}",
+                    f"{key} is not a key the trial sets (its fixed and derived keys: {others})")
+    for key, kinds in all_kinds.items():
         where = f"params.{key}" if key in params else (f"trial.knobs.{key}" if key in trial_knobs else key)
         got = _check_knob(r, spec, text, found, declared, spec.knob(key), kinds, where, spec_text, warnings)
         if isinstance(got, source.Flag):

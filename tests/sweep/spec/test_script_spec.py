@@ -184,6 +184,8 @@ def test_a_flag_the_script_cannot_take_exits_with_one_line(tmp_path, params, at,
     ('kit_constants = { EVAL_TOKENS = 1 }\n', None, r"trial\.kit_constants: the kit's dialect leaves prepare\.py"),
     ('dialect = "nanogpt"\n', None, r"trial\.dialect: must be one of kit, autoresearch"),
     ('[trial.knobs]\ndepth = { flag = "--depth" }\n', None, r"trial\.knobs\.depth: depth is searched"),
+    ('[trial.knobs]\nseqlen = { flag = "--seq" }\n', 'seqlen = { flag = "--seq" }',
+     r"trial\.knobs\.seqlen: seqlen is not a key the trial sets \(its fixed and derived keys: seq_len\)"),
     ('[trial.knobs]\nseq_len = { flag = "--seq" }\n', 'seq_len = { flag = "--seq" }',
      r"trial\.knobs\.seq_len: .*no flag --seq is declared"),
 ])
