@@ -216,11 +216,15 @@ def file_lines(t: Any, spec: StudySpec, indent: str = "  ") -> list[str]:
 def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
     """``sweep status``: the counts by state, then one line per trial (or :func:`status_dict` as JSON)."""
     d = status_dict(study)
+    if spec.script is not None:  # a study of a script: the dialect the trainer speaks to it (sweep.spec.script)
+        d["dialect"] = spec.script.dialect
     if as_json:
         print(json.dumps(d), file=out)
         return 0
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
     print(f"study {d['study']}: {counts or 'no trials yet'}", file=out)
+    if spec.script is not None:
+        print(f"  dialect: {spec.script.dialect} (script {spec.script.script})", file=out)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     rows = []
     for row in d["trials"]:

@@ -389,7 +389,7 @@ def _expr(r: SpecReader, key: str, src: Any) -> expr.Expr:
 
 def _param(r: SpecReader, name: str, raw: Any) -> Param:
     key = f"params.{name}"
-    t = r.table(raw, key, {"type", "low", "high", "step", "log", "choices", "when", "constant"})
+    t = r.table(raw, key, {"type", "low", "high", "step", "log", "choices", "when", "constant", "flag", "env"})
     kind = r.choice(t, f"{key}.type", ("float", "int", "categorical"))
     when = _expr(r, f"{key}.when", t["when"]) if "when" in t else None
     if kind == "categorical":
