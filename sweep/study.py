@@ -207,9 +207,16 @@ def file_lines(t: Any, spec: StudySpec, indent: str = "  ") -> list[str]:
         lines.append(f"{indent}files:      {found['dir']} (config.json, trainer.log, events.jsonl, ...)")
         if spec.script is not None:  # a study of a script: the script as this trial ran it
             constants = t.user_attrs.get("constants") or {}
-            set_to = " ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
+            set_to = " ".join([f"{k}={v!r}" for k, v in sorted(constants.items())]
+                              + [str(a) for a in (t.user_attrs.get("config") or {}).get("flags", [])])
             lines.append(f"{indent}script:     {Path(found['dir']) / 'script' / spec.script.script.name}"
                          + (f" ({set_to})" if set_to else ""))
+    if t.user_attrs.get("val_bpb_source") == "eval-public":  # the kit's own scorer gave the value
+        scored = t.user_attrs.get("eval_public") or {}
+        claim = t.user_attrs.get("claimed_val_bpb")
+        lines.append(f"{indent}scored:     the kit's eval-public, val_bpb {scored.get('val_bpb', '?')} on "
+                     f"{scored.get('num_tokens', t.user_attrs.get('eval_tokens', '?')):,} tokens"
+                     + (f" (the script claimed {claim})" if claim is not None else ""))
     return lines
 
 

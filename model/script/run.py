@@ -46,6 +46,7 @@ CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_consta
                "eval_fractions", "startup_allowance_s", "eval_batch_size", "eval_device", "script_sha256",
                "dialect", "flags", "env", "budget_knob", "seed_knob", "seed", "eval_args", "eval_tokens",
                "eval_seq_len", "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance",
+               "promote_eval_tokens",
                "eval_timeout_s"}
 # The summary block's fields each dialect's scripts print, the only ones copied into the record (the whole
 # block stays under "summary"): nothing a script prints may set a field the service acts on (status, seed,
@@ -229,9 +230,9 @@ def definitions(script: Path) -> types.ModuleType:
 
 def evaluate_checkpoint(script: Path, kit: Path, checkpoint: Path, batch_size: int, device: str) -> float:
     """The kit's evaluate_bpb on the checkpoint, the model built by the script's load_for_eval."""
-    from model.data.kit import load_kit
-
     import torch
+
+    from model.data.kit import load_kit
 
     model = definitions(script).load_for_eval(str(checkpoint), torch.device(device))
     return float(load_kit(kit, device).evaluate_bpb(model, batch_size))

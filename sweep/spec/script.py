@@ -40,7 +40,8 @@ TRAINER = "model.script.run"
 KEYS = {"script", "kit", "kit_setup", "kit_constants", "output", "eval_batch_size", "eval_device", "dialect",
         "budget_knob", "seed_knob", "eval_args", "eval_tokens", "promote_eval_tokens", "eval_seq_len",
         "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance", "knobs"}
-OUTPUT_PATTERNS = ("progress", "loss", "step", "val", "fail")  # model.script.output's patterns
+OUTPUT_PATTERNS = ("progress", "loss", "step", "val", "fail", "remaining_time", "remaining_steps")  # output.py's
+SEED_KEY = "seed"  # promote's replicates vary this key (sweep.ship.replicates.SEED)
 DIALECTS = ("kit", "autoresearch")
 KNOB_KINDS = ("constant", "flag", "env")
 EVAL_PLACEHOLDERS = ("eval_tokens", "seq_len", "batch_size")  # what the trainer fills in eval_args
@@ -112,13 +113,17 @@ class ScriptSpec:
     def constant(self, key: str) -> str:
         return self.knob(key).name
 
+    def takes_seed(self, key: str) -> bool:
+        """Whether ``key`` is the replicates' ``seed``, which the trainer sets through the seed knob."""
+        return key == SEED_KEY and self.seed_knob is not None and SEED_KEY not in self.knobs
+
     def _split(self, flat: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
         """A trial's values by knob kind: constants, the flags' argv (in the values' order), the environment."""
         constants: dict[str, Any] = {}
         argv: list[str] = []
         env: dict[str, str] = {}
         for k, v in flat.items():
-            if k in LAUNCH_KEYS:
+            if k in LAUNCH_KEYS or self.takes_seed(k):
                 continue
             knob = self.knob(k)
             if knob.kind == "constant":
@@ -148,6 +153,8 @@ class ScriptSpec:
                    claim_tolerance=self.claim_tolerance)
         if self.kit is not None:
             out.update(kit=str(self.kit), kit_constants=dict(self.kit_constants))
+        if any(self.takes_seed(k) for k in flat):
+            out["seed"] = flat[SEED_KEY]
         return out
 
     def rewritten(self, flat: Mapping[str, Any]) -> str:
@@ -433,6 +440,8 @@ def _check_knobs(r: SpecReader, spec: ScriptSpec, space: SearchSpace, spec_text:
         raise _fail(r, spec_text, f"trial.knobs.{key}",
                     f"{key} is not a key the trial sets (its fixed and derived keys: {others})")
     for key, kinds in all_kinds.items():
+        if spec.takes_seed(key):
+            continue
         where = f"params.{key}" if key in params else (f"trial.knobs.{key}" if key in trial_knobs else key)
         got = _check_knob(r, spec, text, found, declared, spec.knob(key), kinds, where, spec_text, warnings)
         if isinstance(got, source.Flag):
