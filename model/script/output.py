@@ -12,7 +12,8 @@ keeps its first ``max_line`` bytes and loses the rest. The defaults fit autorese
 
 and every pattern is configurable (:class:`Patterns`): ``progress`` finds the fraction of the budget done
 (a percentage), ``loss`` the training loss, ``val`` (off by default) a validation figure a script prints
-while training, ``fail`` a line that says the run diverged.
+while training, ``fail`` a line that says the run diverged: by default ``FAIL`` at the start of a line, or
+written in capitals at the end of one (autoresearch prints it after its unfinished progress line).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ DEFAULT_PATTERNS = {
     "loss": r"\bloss:\s*([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf|infinity))",
     "step": r"^\s*step\s+([0-9]+)",
     "val": "",
-    "fail": r"^\s*FAIL\b",
+    # FAIL opening a line, or (upper case only) ending one: autoresearch prints it onto its progress line,
+    # which it redraws with ``\r`` and leaves open (``... remaining: 280s    FAIL``). Not MAX_FAIL, FAILURE_RATE.
+    "fail": r"^\s*FAIL\b|(?-i:(?<![A-Z_])FAIL)\s*$",
 }
 _SUMMARY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\s*:\s*(.*?)\s*$")
 
