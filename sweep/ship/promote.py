@@ -24,7 +24,11 @@ tasks and trainer as ``sweep run`` with no pruning. Its spec is derived from NAM
 :func:`linked_spec`), so ``status``, ``best`` and ``export`` accept the linked name too (``run`` refuses it:
 it would sample new points), and the dashboard lists it beside its source.
 Its user attribute ``promote`` names the source study, the source trials, the seeds, the spec the
-replicates run under and the ranked metric; resuming under another ``--spec`` is refused. Running the
+replicates run under and the ranked metric, with both specs' absolute paths: a linked name is read under
+the spec its replicates ran under, and one whose source spec was given by path opens by name too (or by
+the path beside that spec, which the report's ``export:`` line gives); resuming under another ``--spec`` is refused.
+A script's replicates need a way to take ``seed``: ``[trial] seed_knob``, or the constant the key sets
+(``SEED``); without either, promote refuses before it enqueues anything. Running the
 command again continues: replicates already in the study (finished, or failed for good) are never
 rerun; missing ones are enqueued (more seeds, or configurations that joined the top K since) and run.
 Each replicate is a trial whose parameters are the configuration's plus ``seed``, so retries of lost
