@@ -270,3 +270,19 @@ def test_a_study_reports_one_metric_and_a_composite_reports_no_scripts_figure(tm
                               (obj.Term("val_bpb", 0.5, 1.0, 2.0), obj.Term("core", 0.5, 0.3, 0.0)))
     rec, kept = events(composite, {})
     assert rec.reports == [] and kept == [[[2, 5.0]]]
+
+
+def test_the_driver_stores_a_pruned_scripts_outcome_without_a_value_too(journal_study):
+    from sweep.run.outcome import Outcome, tell_returned
+
+    url, study = journal_study
+    for metric in ("train_loss_smoothed", "val_bpb"):
+        trial = study.ask()
+        trial.report(4.25, 2)
+        result = Outcome(number=trial.number, state="PRUNED", reason=f"pruned at 2 s ({metric} 4.2500)",
+                         curve_metric=metric).as_dict()  # as Ray carries it back to the driver
+        assert tell_returned(study, trial._trial_id, result, url)
+    script, ours = study.get_trials()
+    assert script.state.name == "PRUNED" and script.value is None and script.user_attrs["curve_metric"] == (
+        "train_loss_smoothed")
+    assert ours.value == 4.25 and "curve_metric" not in ours.user_attrs  # our trainer's: Optuna's, as before
