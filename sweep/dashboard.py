@@ -22,8 +22,10 @@ page itself are mended in serving (:class:`Mended`):
   dict) and ``record_fields`` (a list) are hundreds of characters. The page we serve adds one style
   rule: a table cell is one line, a long value ends in an ellipsis (the trial's page shows it whole).
 - its "Intermediate values" chart names its axes "Step" and "Objective Value", fixed in the bundle;
-  here a step is a charged second and the value val_bpb (as reported for pruning), so the served
-  bundle says so. An optuna-dashboard whose bundle lacks the exact text is served untouched.
+  here a step is a charged second and the value what was reported for pruning: val_bpb, or for a
+  study of a team's script the script's own figure, which the trial's ``curve_metric`` attribute names
+  (:mod:`sweep.run.supervisor`). The chart is one for every study, so the served bundle says both. An
+  optuna-dashboard whose bundle lacks the exact text is served untouched.
 
 It binds 127.0.0.1 by default: the dashboard has no authentication and can delete studies. From
 another machine use an SSH tunnel (``ssh -L 8080:127.0.0.1:8080 HEAD``); ``--host 0.0.0.0`` only on
@@ -56,7 +58,7 @@ METRIC_NAMES = ["val_bpb"]
 TRIAL_TABLE = re.compile(r"/dashboard/studies/(\d+)/trialTable/?")
 # The "Intermediate values" chart's axis titles in optuna-dashboard 0.21.0's bundle, and ours.
 AXES_0_21 = 'yaxis:{title:"Objective Value",type:i?"log":"linear"},xaxis:{title:"Step",type:"linear"}'
-AXES_OURS = AXES_0_21.replace('"Objective Value"', '"val_bpb (as reported for pruning)"').replace(
+AXES_OURS = AXES_0_21.replace('"Objective Value"', "\"reported value: val_bpb, or the trial's curve_metric\"").replace(
     '"Step"', '"charged seconds"')
 # One line per table cell: long values (a trial's config, its record's field list) end in an ellipsis.
 CELL_STYLE = ("<style>/* trnsweep */ td.MuiTableCell-body { max-width: 22em; white-space: nowrap; overflow: hidden;"

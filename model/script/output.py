@@ -22,7 +22,8 @@ divergence is ``RuntimeError: bad loss detected: ...`` (on stderr, which is read
 Every pattern is configurable (:class:`Patterns`): ``progress`` finds the fraction of the budget done
 (a percentage), ``loss`` the training loss, ``val`` (off by default) a validation figure a script prints
 while training, ``remaining_time``/``remaining_steps`` what is left, ``fail`` a line that says the run
-diverged.
+diverged: in autoresearch's dialect ``FAIL`` at the start of a line, or written in capitals at the end of
+one (autoresearch prints it after its unfinished progress line).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ DEFAULT_PATTERNS = {
     "loss": r"\bloss:\s*([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf|infinity))",
     "step": r"^\s*step\s+([0-9]+)",
     "val": "",
-    "fail": r"^\s*FAIL\b",
+    # FAIL opening a line, or (upper case only) ending one: autoresearch prints it onto its progress line,
+    # which it redraws with ``\r`` and leaves open (``... remaining: 280s    FAIL``). Not MAX_FAIL, FAILURE_RATE.
+    "fail": r"^\s*FAIL\b|(?-i:(?<![A-Z_])FAIL)\s*$",
     "remaining_time": "",
     "remaining_steps": "",
 }

@@ -212,7 +212,7 @@ def wait_for_trial(driver: Driver, number: int, trial_id: int, poll_s: float = W
         for step, value in obj.curve_points(t, spec.objective):
             if step not in seen:
                 seen.add(step)
-                driver.say(printing.report_line(number, step, value))
+                driver.say(printing.report_line(number, step, value, driver._curve_label))
         if not started and not hinted and time.monotonic() - t0 > NO_SWEEP_HINT_AFTER_S:
             hinted = True
             now = time.time()

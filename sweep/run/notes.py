@@ -12,8 +12,8 @@ writes, through optuna-dashboard's public API (:func:`optuna_dashboard.save_note
   front), the driver writes the **study summary** (:func:`write_study_summary`; one writer per study,
   so trials ending together cannot leave it stale): the study note's "Best trials" table,
   linked to each trial's page, with the next commands; and, on the study's page itself, two figures:
-  those trials' figures as a table, and their val_bpb against charged seconds. A person's own text
-  below the note's summary is kept.
+  those trials' figures as a table, and their learning curves against charged seconds (val_bpb, or a
+  script's own figure, named as such). A person's own text below the note's summary is kept.
 
 All are small (tables of :data:`TOP` rows, a figure of :data:`TOP` curves), so storage grows by about a
 kilobyte per trial and a few per rewrite of the summary. Writing them never fails a trial: the caller
@@ -240,22 +240,25 @@ def merge_note(old: str, new_summary: str) -> str:
 
 
 def curves(t: Any) -> list[tuple[float, float]]:
-    """A trial's val_bpb learning curve, (charged second, val_bpb): the kept curve where its reports are not
-    val_bpb (pareto and composite objectives), else its reports."""
-    kept = t.user_attrs.get(obj.ATTR_CURVE)
+    """A trial's learning curve, (charged second, value) in its :func:`~sweep.spec.objective.curve_metric`
+    (val_bpb, or a script's own figure): the kept curve where its reports are not that curve (pareto and
+    composite objectives), else its reports."""
+    kept = t.user_attrs.get(obj.curve_attr(obj.curve_metric(t)))
     points = kept if kept else sorted(t.intermediate_values.items())
     return [(float(s), float(v)) for s, v in points if _num(v) is not None]
 
 
 def curves_figure(best: Sequence[Any], names: Sequence[str]) -> Any:
-    """A plotly figure: each best trial's val_bpb against charged seconds, best first."""
+    """A plotly figure: each best trial's learning curve against charged seconds, best first, named by its
+    metric (val_bpb, or a script's own figure: a study's curves are one metric)."""
     import plotly.graph_objects as go
 
+    metric = " / ".join(dict.fromkeys(obj.curve_metric(t) for t in best)) or "val_bpb"
     fig = go.Figure(layout={
         "template": "none",  # the default template alone is 7 kB of JSON in the study's attributes
-        "title": {"text": f"val_bpb against charged seconds: the {len(best)} best trials", **_TITLE},
+        "title": {"text": f"{metric} against charged seconds: the {len(best)} best trials", **_TITLE},
         "xaxis": {"title": {"text": "charged seconds"}, "zeroline": False},
-        "yaxis": {"title": {"text": "val_bpb"}, "zeroline": False},
+        "yaxis": {"title": {"text": metric}, "zeroline": False},
         "margin": {"l": 60, "r": 20, "t": 70, "b": 50},
         "legend": {"x": 1, "y": 1, "xanchor": "right"},
     })

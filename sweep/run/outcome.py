@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sweep import store as st
+from sweep.spec.objective import ATTR_CURVE_METRIC
 from sweep.store.artifacts import ATTR_WORKDIR
 
 # -- system attributes: liveness (see sweep.run.liveness) ---------------------------------------------
@@ -86,6 +87,7 @@ class Outcome:
     told: bool = False
     record: dict[str, Any] | None = None
     last_step: int | None = None
+    curve_metric: str = "val_bpb"  # what its intermediate values are (sweep.run.supervisor.curve_metric)
 
     @property
     def retryable(self) -> bool:
@@ -182,6 +184,8 @@ def outcome_attrs(out: Outcome, extra: dict[str, Any] | None = None) -> dict[str
     attrs: dict[str, Any] = dict(out.record or {})
     attrs[ATTR_RECORD_FIELDS] = sorted(out.record or {})
     attrs.update(extra or {})
+    if out.curve_metric != "val_bpb":
+        attrs[ATTR_CURVE_METRIC] = out.curve_metric
     if out.fail_kind:
         attrs[ATTR_FAIL_KIND] = out.fail_kind
     if out.reason and out.state != "COMPLETE":
@@ -202,19 +206,26 @@ def write_outcome(study: Any, trial_id: int, number: int, state: str, values: li
 
     True when this call finished the trial in ``state``; False when someone else finished it first
     (another driver declared it lost, or the supervisor beat the driver to it).
+
+    Optuna gives a PRUNED trial its last intermediate value as its value. Where those are not val_bpb
+    (``attrs`` name their metric, :data:`ATTR_CURVE_METRIC`: a script's training loss), the trial is stored
+    without a value, so no training loss stands in a val_bpb column; its last one is in its reason.
     """
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     storage = st.study_storage(study)
     told = TrialState[state]
+    bare = told == TrialState.PRUNED and attrs.get(ATTR_CURVE_METRIC, "val_bpb") != "val_bpb"
     try:
         if st.retry(lambda: storage.get_trial(trial_id), url=url).state.is_finished():
             return False
         write_attrs(storage, trial_id, attrs, url)
         if last is not None:
             write_attrs(storage, trial_id, last(), url)
-        frozen = st.retry(lambda: study.tell(number, values, state=told, skip_if_finished=True), url=url)
+        tell = (lambda: _prune_bare(study, trial_id)) if bare else (
+            lambda: study.tell(number, values, state=told, skip_if_finished=True))
+        frozen = st.retry(tell, url=url)
         return frozen.state == told
     except UpdateFinishedTrialError:
         return False
@@ -222,6 +233,21 @@ def write_outcome(study: Any, trial_id: int, number: int, state: str, values: li
         if "finished" in str(e).lower():
             return False
         raise
+
+
+def _prune_bare(study: Any, trial_id: int) -> Any:
+    """``study.tell(PRUNED)`` without the value Optuna would take from the last report: the sampler hears of it
+    as from tell, then the state is stored with no value. A finished trial is left as it is (as with
+    ``skip_if_finished``)."""
+    from optuna.trial import TrialState
+
+    storage = st.study_storage(study)
+    frozen = storage.get_trial(trial_id)
+    if frozen.state.is_finished():
+        return frozen
+    study.sampler.after_trial(study, frozen, TrialState.PRUNED, None)
+    storage.set_trial_state_values(trial_id, TrialState.PRUNED, None)
+    return storage.get_trial(trial_id)
 
 
 def fail_attrs(kind: str, reason: str) -> dict[str, Any]:
@@ -247,7 +273,8 @@ def tell_returned(study: Any, trial_id: int, result: dict[str, Any], url: str) -
     written last as it would have.
     """
     out = Outcome(number=result["number"], state=result["state"], fail_kind=result.get("fail_kind"),
-                  reason=result.get("reason"), record=result.get("record"))
+                  reason=result.get("reason"), record=result.get("record"),
+                  curve_metric=result.get("curve_metric") or "val_bpb")
     attrs = outcome_attrs(out)
     attrs[ATTR_SLOT_SECONDS] = result.get("slot_seconds")
     values = None

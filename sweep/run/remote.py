@@ -110,7 +110,11 @@ class OptunaReporter(Reporter):
         return st.retry(call, what=f"report trial {self.task.number}", url=self.task.storage_url, attempts=4)
 
     def keep(self, curve: list[list[float]]) -> None:
-        st.retry(lambda: st.study_storage(self.study).set_trial_user_attr(self.task.trial_id, obj.ATTR_CURVE, curve),
+        metric, storage = self.task.curve_metric, st.study_storage(self.study)
+        if metric != "val_bpb" and len(curve) == 1:  # named before its first point: the curve is read by it
+            st.retry(lambda: storage.set_trial_user_attr(self.task.trial_id, obj.ATTR_CURVE_METRIC, metric),
+                     what=f"curve of trial {self.task.number}", url=self.task.storage_url, attempts=4)
+        st.retry(lambda: storage.set_trial_user_attr(self.task.trial_id, obj.curve_attr(metric), curve),
                  what=f"curve of trial {self.task.number}", url=self.task.storage_url, attempts=4)
 
     def heartbeat(self) -> bool:
@@ -142,9 +146,12 @@ def store(study: Any, trial: Any, task: TrialTask, out: Outcome, sup: Supervisor
         (sup.artifact_dir / "outcome.json").write_text(json.dumps({**out.as_dict(), "attrs": attrs}, default=str))
 
     def last() -> dict[str, Any]:
-        """The curve's final point, the final report, the uploads; then the slot time, measured last."""
+        """The curve's final point, the final report, the uploads; then the slot time, measured last.
+
+        The final val_bpb closes a curve of val_bpb only: a script's curve of its own figure (a training loss)
+        stays in that unit, and its reports end with it (the pruner compares like with like)."""
         rec = out.record or {}
-        final = as_float(rec.get("val_bpb")) if rec.get("status") == "ok" else None
+        final = as_float(rec.get("val_bpb")) if rec.get("status") == "ok" and task.curve_metric == "val_bpb" else None
         if final is not None and task.objective.kind != "single":
             curve = [*sup.curve, [task.final_step, final]]
             st.retry(lambda: st.study_storage(study).set_trial_user_attr(task.trial_id, obj.ATTR_CURVE, curve),

@@ -1,7 +1,7 @@
 """The trial supervisor: runs inside a Ray task, owns one trainer process group from start to end.
 
 It starts the trainer (``python -m model.train``, or torchrun for several ranks) in a new session,
-streams its JSON-lines events, reports each intermediate val_bpb to Optuna on the charged-second
+streams its JSON-lines events, reports each intermediate value to Optuna on the charged-second
 axis and asks the pruner, stops the trainer when pruned (SIGTERM, then SIGKILL after a grace
 period), kills the whole group at the hard deadline, and always reaps the group before returning.
 A detached reaper (:mod:`sweep.run.reaper`) kills the group if this process dies first.
@@ -22,6 +22,13 @@ stores what it returns. Outcomes:
 - no result line: exit 2 -> FAIL ``config`` (the driver aborts the sweep: every trial would fail
   alike); killed at the deadline -> FAIL ``deadline``; any other exit or signal -> FAIL ``crash``,
   which the driver retries once with the same parameters.
+
+A study's intermediate values are one metric, so the pruner compares like with like
+(:func:`curve_metric`): val_bpb for our trainer; for a team's script, the validation figure its spec's
+``output.val`` pattern finds (``val``, in the script's own unit), else its smoothed training loss
+(``train_loss_smoothed``). An eval event names its metric (``"metric"``, val_bpb when absent); one of
+another metric (a script's smoothed loss before its first validation line) stays in events.jsonl and is not
+reported. The metric's name goes with the trial (``curve_metric``), its pruned reason and its curve.
 
 Long file: one class, the trainer group's whole life, which reads best in one place.
 """
@@ -54,6 +61,16 @@ from sweep.spec.limits import is_oom, preexec
 log = logging.getLogger("sweep.run.supervisor")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT_TRAINER = "model.script.run"  # sweep.spec.script.TRAINER: a team's script, read through its output
+
+
+def curve_metric(trainer: str, config: dict[str, Any]) -> str:
+    """What a trial's intermediate values are (the module docstring): val_bpb for our trainer; for a script,
+    ``val`` where its config's output patterns find a validation figure, else ``train_loss_smoothed``."""
+    if trainer != SCRIPT_TRAINER:
+        return "val_bpb"
+    output = config.get("output")
+    return "val" if isinstance(output, dict) and output.get("val") else "train_loss_smoothed"
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,11 @@ class TrialTask:
     def final_step(self) -> int:
         return round(self.budget_s)
 
+    @property
+    def curve_metric(self) -> str:
+        """The metric of this trial's intermediate values (:func:`curve_metric`)."""
+        return curve_metric(self.trainer, self.config)
+
 
 def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: str | None = None,
                     rank_module: str | None = None) -> list[str]:
@@ -123,7 +145,7 @@ class Reporter:
         return False
 
     def keep(self, curve: list[list[float]]) -> None:
-        """Keep the val_bpb learning curve where the objective's reports are not val_bpb itself."""
+        """Keep the learning curve (in the task's curve metric) where the objective's reports are not that curve."""
 
     def heartbeat(self) -> bool:
         """Refresh liveness; return False when the trial has been finished by someone else."""
@@ -144,7 +166,7 @@ class Supervisor:
         self.launch_unix: float | None = None
         self.last_step: int | None = None
         self.last_value: float | None = None
-        self.curve: list[list[float]] = []  # [charged second, val_bpb] of every eval, for learning curves
+        self.curve: list[list[float]] = []  # [charged second, value] of every eval (task.curve_metric), for curves
         self._pruned_at: float | None = None
         self._deadline_hit = False
         self._superseded = False
@@ -168,7 +190,8 @@ class Supervisor:
             self.launch = TrialLaunch.prepare(task.config, task.ranks, task.env, task.compile_cache,
                                               pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir)
         except LaunchError as e:
-            return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"launch plan refused: {e}")
+            return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"launch plan refused: {e}",
+                           curve_metric=task.curve_metric)
         self.launch_attrs = self.launch.attrs
         config_path = self.artifact_dir / "config.json"
         config_path.write_text(json.dumps(self.launch.config, indent=1, sort_keys=True) + "\n")
@@ -298,8 +321,9 @@ class Supervisor:
             if progress is None:
                 charged = as_float(ev.get("charged_s")) or 0.0
                 progress = charged / self.task.budget_s
-            if value is None:
-                return False
+            metric = ev.get("metric") or "val_bpb"
+            if value is None or metric != self.task.curve_metric:
+                return False  # not the study's metric: the pruner compares like with like
             step = self.task.eval_step(progress)
             self.last_step, self.last_value = step, value
             self.curve.append([step, value])
@@ -307,7 +331,9 @@ class Supervisor:
             try:
                 if objective.kind != "single":
                     self.reporter.keep(self.curve)
-                reported = objective.intermediate(value)
+                # A composite's reports are its normalised val_bpb term: a script's own figure has none.
+                reported = (objective.intermediate(value) if metric == "val_bpb"
+                            else value if objective.kind == "single" else None)
                 # A pareto study cannot prune (Optuna raises on report): it keeps the curve only.
                 return reported is not None and self.reporter.report(reported, step)
             except Exception as e:
@@ -380,14 +406,15 @@ class Supervisor:
 
     def _outcome(self, returncode: int) -> Outcome:
         task, rec = self.task, self.record
-        out = Outcome(number=task.number, state="FAIL", record=rec, last_step=self.last_step)
+        out = Outcome(number=task.number, state="FAIL", record=rec, last_step=self.last_step,
+                      curve_metric=task.curve_metric)
         status = (rec or {}).get("status")
         tail = _tail(self.artifact_dir / "trainer.log")
         if self._superseded:
             out.fail_kind, out.reason = "lost", "trial was finished elsewhere (declared lost); trainer killed"
         elif self._pruned_at is not None:
             out.state = "PRUNED"
-            out.reason = f"pruned at {self.last_step} s (val_bpb {self.last_value:.4f})"
+            out.reason = f"pruned at {self.last_step} s ({task.curve_metric} {self.last_value:.4f})"
             if rec is None:
                 out.reason += f"; trainer did not stop within {task.stop_grace_s:g} s and was killed"
         elif status == "ok":

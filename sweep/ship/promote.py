@@ -24,7 +24,11 @@ tasks and trainer as ``sweep run`` with no pruning. Its spec is derived from NAM
 :func:`linked_spec`), so ``status``, ``best`` and ``export`` accept the linked name too (``run`` refuses it:
 it would sample new points), and the dashboard lists it beside its source.
 Its user attribute ``promote`` names the source study, the source trials, the seeds, the spec the
-replicates run under and the ranked metric; resuming under another ``--spec`` is refused. Running the
+replicates run under and the ranked metric, with both specs' absolute paths: a linked name is read under
+the spec its replicates ran under, and one whose source spec was given by path opens by name too (or by
+the path beside that spec, which the report's ``export:`` line gives); resuming under another ``--spec`` is refused.
+A script's replicates need a way to take ``seed``: ``[trial] seed_knob``, or the constant the key sets
+(``SEED``); without either, promote refuses before it enqueues anything. Running the
 command again continues: replicates already in the study (finished, or failed for good) are never
 rerun; missing ones are enqueued (more seeds, or configurations that joined the top K since) and run.
 Each replicate is a trial whose parameters are the configuration's plus ``seed``, so retries of lost
@@ -40,15 +44,18 @@ import dataclasses
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
+from model.script import source
 from sweep import store as st
 from sweep.run.driver import Driver
 from sweep.run.outcome import ATTR_ADHOC_BUDGET, counts
 from sweep.ship.replicates import ATTR_PROMOTE, SEED, config_key, metric_direction, metric_value, print_report, report
-from sweep.spec import Component, SpecError, StudySpec, load, resolve_path
+from sweep.spec import STUDIES_DIR, Component, SpecError, StudySpec, load, resolve_path
 from sweep.spec import objective as obj
 from sweep.spec.space import Param, SearchSpace, SpaceError
+from sweep.store import artifacts
 from sweep.study import fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # --budget-s without --spec
@@ -111,6 +118,11 @@ def load_spec(name_or_path: str, command: str = "status") -> StudySpec:
         if m is None or path.exists():
             raise
         base_path = path.with_name(m["base"] + path.suffix)
+        info: dict[str, Any] = {}
+        if not base_path.exists() and command in READ_ONLY_COMMANDS:  # a spec given by path: promote recorded it
+            info = promotion_record(path.stem, st.resolve_url(None))
+            if info.get("source_spec_path"):
+                base_path = Path(info["source_spec_path"])
         try:
             base = load(base_path)
         except SpecError:
@@ -120,7 +132,25 @@ def load_spec(name_or_path: str, command: str = "status") -> StudySpec:
             by = " --by METRIC" if base.objective.multi else ""
             raise SpecError(f"{name_or_path} is a promotion of study {base.name!r}: `python -m sweep promote "
                             f"{m['base']} --budget-s {m['budget']}{by}` runs it") from None
-        return linked_spec(base, float(m["budget"]))
+        info = info or promotion_record(path.stem, st.resolve_url(base.storage))
+        # The replicates ran under the spec promote recorded (its --spec): read them as they ran.
+        under = load(info["spec_path"]) if info.get("spec_path") and info.get("spec") != base.name else None
+        return linked_spec(base, float(m["budget"]), seeds=max(1, int(info.get("seeds", 1))), under=under)
+
+
+def promotion_record(name: str, url: str) -> dict[str, Any]:
+    """What promote recorded on the linked study ``name`` (:data:`ATTR_PROMOTE`); empty when there is none."""
+    import optuna
+
+    journal = st.journal_path(url)
+    if journal is not None and not Path(journal).exists():  # nothing stored there: create no file
+        return {}
+    try:
+        study = st.retry(lambda: optuna.load_study(study_name=name, storage=st.open_storage(url)), url=url)
+    except KeyError:
+        return {}
+    info = study.user_attrs.get(ATTR_PROMOTE)
+    return info if isinstance(info, dict) else {}
 
 
 # -- choosing configurations ------------------------------------------------------------------------
@@ -206,7 +236,7 @@ def main(spec: StudySpec, url: str, args: argparse.Namespace, out: TextIO) -> in
     if args.json:
         print(json.dumps(rep), file=out, flush=True)
     else:
-        print_report(rep, out)
+        print_report(rep, out, linked_arg(spec, linked.name))
     return code
 
 
@@ -219,6 +249,7 @@ def prepare(spec: StudySpec, source: Any, top: int, budget_s: float, seeds: int,
     ``under`` is the spec the replicates run under (default ``spec``); resuming under another is refused.
     """
     metric = metric or spec.objective.names[0]
+    refuse_unseeded(under or spec)
     trials = source.get_trials(deepcopy=False)
     picked = top_configs(trials, spec, top, metric)
     if not picked:
@@ -244,7 +275,8 @@ def prepare(spec: StudySpec, source: Any, top: int, budget_s: float, seeds: int,
     seeds = max(seeds, int(info.get("seeds", 0)))
     linked = linked_spec(spec, budget_s, seeds=seeds, under=under)
     info = {"source_study": spec.name, "source_budget_s": spec.budget_s, "budget_s": float(budget_s),
-            "seeds": seeds, "spec": run.name, "spec_path": str(run.path), "by": metric,
+            "seeds": seeds, "spec": run.name, "spec_path": str(Path(run.path).resolve()),
+            "source_spec_path": str(Path(spec.path).resolve()), "by": metric,
             "objective": spec.objective.describe(), "configs": configs}
     st.retry(lambda: study.set_user_attr(ATTR_PROMOTE, info), url=url)
 
@@ -261,17 +293,37 @@ def prepare(spec: StudySpec, source: Any, top: int, budget_s: float, seeds: int,
     return dataclasses.replace(linked, n_trials=len(have)), study
 
 
+def refuse_unseeded(run: StudySpec) -> None:
+    """A script's replicates differ only in ``seed``: a script that takes it neither through ``[trial] seed_knob``
+    nor as the constant the key sets (``SEED``) would fail every replicate. Refused before anything is enqueued."""
+    script = run.script
+    if script is None or getattr(script, "seed_knob", None) is not None:
+        return
+    constant = script.constant(SEED)
+    try:  # what the trainer does with each replicate's seed: rewrite the constant's literal
+        source.rewrite(Path(script.script).read_text(encoding="utf-8"), {constant: 0})
+    except (OSError, SyntaxError, ValueError):  # source.ScriptError is a ValueError
+        raise PromoteError(
+            f"{run.path}: {Path(script.script).name} has no seed knob (and no integer constant {constant}), so "
+            "its replicates cannot be reseeded: set [trial] seed_knob (the flag, environment variable or constant "
+            "that seeds the script) to promote it") from None
+
+
 def _promoted_under(name: str, url: str) -> str | None:
     """The spec an existing linked study's replicates run under (its source's, for one promoted before
     --spec existed); None when there is no such study yet."""
-    import optuna
-
-    try:
-        study = st.retry(lambda: optuna.load_study(study_name=name, storage=st.open_storage(url)), url=url)
-    except KeyError:
-        return None
-    info = study.user_attrs.get(ATTR_PROMOTE) or {}
+    info = promotion_record(name, url)
     return info.get("spec", info.get("source_study"))
+
+
+def linked_arg(spec: StudySpec, name: str) -> str:
+    """How a person names the linked study ``name`` of ``spec`` on a command line: the name for a spec in
+    sweep/studies/, else the path beside the source spec's (which :func:`load_spec` reads as the linked study
+    of that spec, in that spec's storage)."""
+    path = Path(spec.path)
+    if path.stem != spec.name or path.resolve().parent == STUDIES_DIR.resolve():
+        return name
+    return artifacts.shown_path(path.with_name(f"{name}{path.suffix}"))
 
 
 def _fit(c: dict[str, Any], spec: StudySpec, linked: StudySpec, fixed_before: dict[str, Any],

@@ -149,7 +149,8 @@ def report(study: Any, objective: obj.Objective, metric: str | None = None) -> d
 
 # -- the report as text ----------------------------------------------------------------------------
 
-def print_report(rep: dict[str, Any], out: TextIO) -> None:
+def print_report(rep: dict[str, Any], out: TextIO, study_arg: str | None = None) -> None:
+    """The report as text; ``study_arg`` names the linked study in the ``export:`` hint (default its name)."""
     pct = round(100 * rep["confidence"])
 
     def num(v: float | None) -> str:
@@ -171,5 +172,6 @@ def print_report(rep: dict[str, Any], out: TextIO) -> None:
     print(rep["message"], file=out)
     best = next((r for r in rep["configs"] if r["trials"]), None)
     if best is not None:
-        print(f"export: python -m sweep export {rep['study']} --trial {best['trials'][0]} --out DIR", file=out)
+        print(f"export: python -m sweep export {study_arg or rep['study']} --trial {best['trials'][0]} --out DIR",
+              file=out)
     out.flush()

@@ -37,6 +37,8 @@ DIRECTIONS: dict[str, str] = {
 NEEDS_CORE = frozenset({"core"})  # fields only a trainer running CORE (config key core_bundle) emits
 COMPOSITE_NAME = "composite"  # the composite value's name in Optuna and the dashboard
 ATTR_CURVE = "val_bpb_curve"  # [[charged second, val_bpb], ...] of a trial whose reports are not val_bpb
+# What a trial's intermediate values are, where not val_bpb: a script's own figure (sweep.run.supervisor.curve_metric).
+ATTR_CURVE_METRIC = "curve_metric"
 
 
 class MissingMetric(ValueError):
@@ -133,12 +135,22 @@ def front(trials: Sequence[Any], directions: Sequence[str]) -> list[Any]:
     return [t for t in done if not any(dominates(o.values, t.values, directions) for o in done if o is not t)]
 
 
+def curve_metric(t: Any) -> str:
+    """What trial ``t``'s learning curve is in: val_bpb, or the script's own figure its attributes name."""
+    return str(t.user_attrs.get(ATTR_CURVE_METRIC) or "val_bpb")
+
+
+def curve_attr(metric: str) -> str:
+    """The user attribute a learning curve of ``metric`` is kept in (where the reports are not that curve)."""
+    return ATTR_CURVE if metric == "val_bpb" else f"{metric}_curve"
+
+
 def curve_points(t: Any, objective: Objective) -> list[tuple[int, float]]:
-    """A trial's (charged second, val_bpb) points so far: its reports, or its kept curve where reports are not
-    val_bpb (pareto: none; composite: the normalised term)."""
+    """A trial's (charged second, value) points so far, in :func:`curve_metric`'s unit: its reports, or its kept
+    curve where reports are not that curve (pareto: none; composite: the normalised term)."""
     if objective.kind == "single":
         return sorted(t.intermediate_values.items())
-    return [(int(step), float(v)) for step, v in t.user_attrs.get(ATTR_CURVE) or []]
+    return [(int(step), float(v)) for step, v in t.user_attrs.get(curve_attr(curve_metric(t))) or []]
 
 
 def fmt_values(objective: Objective, values: list[float] | None, record: dict[str, Any]) -> str:

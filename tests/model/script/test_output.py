@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -42,6 +45,33 @@ def test_fail_and_non_finite_losses_and_configured_patterns():
         Patterns.build({"loss": "loss"})
     with pytest.raises(ValueError, match="output.nope: unknown pattern"):
         Patterns.build({"nope": "(x)"})
+
+
+def test_fail_written_onto_autoresearchs_open_progress_line_is_seen_and_words_containing_fail_are_not():
+    # autoresearch redraws its progress line with \r, leaves it open (end=""), then prints FAIL on a NaN.
+    for tail in (b"remaining: 280s    FAIL\n", b"remaining: 280sFAIL\n", b"remaining: 280s\rFAIL\n"):
+        r = Reader()
+        _all(r, [b"step 00011 (3.7%) | loss: 4.100000 | remaining: 281s    \rstep 00012 (4.0%) | loss: 4.0 | " + tail])
+        assert r.failed_line is not None and r.failed_line.endswith("FAIL"), tail
+    for ordinary in (b"FAILURE_RATE: 0.1\n", b"retries: MAX_FAIL\n", b"these may fail\n", b"FAILED_STEPS 3\n",
+                     b"step 00012 (4.0%) | loss: 4.0 | FAIL_COUNT 0\n"):
+        r = Reader()
+        _all(r, [ordinary])
+        assert r.failed_line is None, ordinary
+
+
+def test_a_script_that_prints_fail_after_its_open_progress_line_ends_diverged(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("for step in range(1, 4):\n"
+                      "    print(f'\\rstep {step:05d} ({10 * step:.1f}%) | loss: {4 / step:.6f} | remaining: 9s    ',"
+                      " end='', flush=True)\n"
+                      "print('FAIL')\n"
+                      "raise SystemExit(1)\n")
+    proc = subprocess.run([sys.executable, "-m", "model.script.run", "--config", json.dumps({"script": str(script)}),
+                           "--budget-s", "5", "--json", "--out-dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["status"] == "diverged" and result["reason"].endswith("remaining: 9s    FAIL'"), result
 
 
 @settings(max_examples=200, deadline=None)

@@ -186,3 +186,19 @@ def test_a_note_that_cannot_be_written_never_fails_the_trial(study, tmp_path, mo
     assert told and frozen.state.name == "COMPLETE" and frozen.value == 1.5
     assert frozen.user_attrs["note_error"] == "RuntimeError: note store is down"
     assert notes.guarded("x", broken) == "RuntimeError: note store is down"
+
+
+def test_a_scripts_curve_is_drawn_and_kept_under_its_own_name():
+    trial = optuna.trial.create_trial(value=1.2, intermediate_values={2: 4.5},
+                                      user_attrs={"curve_metric": "train_loss_smoothed"})
+    assert notes.curves(trial) == [(2.0, 4.5)]
+    layout = notes.curves_figure([trial], ["val_bpb"]).to_plotly_json()["layout"]
+    assert layout["title"]["text"].startswith("train_loss_smoothed against charged seconds")
+    assert layout["yaxis"]["title"]["text"] == "train_loss_smoothed"
+    # Where the reports are not the curve (pareto, composite), it is kept in an attribute named by its metric.
+    kept = optuna.trial.create_trial(values=[1.2, 3.0], user_attrs={"curve_metric": "val",
+                                                                   "val_curve": [[2, 3.9], [4, 3.7]]})
+    pareto = obj.Objective("pareto", ("val_bpb", "params"), ("minimize", "minimize"))
+    assert notes.curves(kept) == [(2.0, 3.9), (4.0, 3.7)] and obj.curve_points(kept, pareto) == [(2, 3.9), (4, 3.7)]
+    assert notes.curves_figure([trial, kept], ["val_bpb"]).to_plotly_json()["layout"]["yaxis"]["title"]["text"] == (
+        "train_loss_smoothed / val")

@@ -194,3 +194,95 @@ def test_reaper_kills_the_group_when_the_supervisor_dies(tmp_path, config):
         wait_for(lambda: not set(reapers) & set(processes_with("sweep.run.reaper")), 10, what="the reaper to exit")
     finally:
         proc.kill()
+
+
+# -- a team's script: its curve is its own figure, named as such ----------------------------------
+
+UNITS_SCRIPT = """\
+import sys, time
+for step in range(1, 41):
+    print(f"\\rstep {step:05d} ({2.5 * step:.1f}%) | loss: {LOSS - step / 100:.6f} | remaining: 1s ", end="")
+    time.sleep(0.05)
+print("\\n---\\nval_bpb:          1.234567")
+"""
+
+
+def _script_task(tmp_path: Path, url: str, trial: optuna.trial.Trial, loss: float, **kw) -> TrialTask:
+    script = tmp_path / f"train{trial.number}.py"
+    script.write_text(f"LOSS = {loss}\n" + UNITS_SCRIPT)
+    config = {"script": str(script), "eval_fractions": [0.5], "startup_allowance_s": 20}
+    return TrialTask(study="w", storage_url=url, number=trial.number, trial_id=trial._trial_id, params={},
+                     config=config, budget_s=4, deadline_s=60, eval_fractions=(0.5,), stop_grace_s=5, heartbeat_s=1,
+                     artifact_dir=str(tmp_path / f"art{trial.number}"), trainer="model.script.run",
+                     launches_ranks=True, **kw)
+
+
+def test_a_scripts_curve_keeps_its_unit_and_a_pruned_one_shows_no_val_bpb(tmp_path, journal_study):
+    from sweep.study import status_dict
+
+    url, study = journal_study
+    trial = study.ask()
+    done = run_trial(_script_task(tmp_path, url, trial, loss=4.0))
+    assert done.state == "COMPLETE" and done.curve_metric == "train_loss_smoothed", done
+    t = study.get_trials()[0]
+    assert t.value == pytest.approx(1.234567) and t.user_attrs["curve_metric"] == "train_loss_smoothed"
+    # Only the smoothed training loss at half the budget: the final val_bpb is not appended to it.
+    assert list(t.intermediate_values) == [2] and 3.5 < t.intermediate_values[2] < 4.0
+
+    # A worse script, pruned at its first report: no value stands in the val_bpb column; the reason names its loss.
+    trial = study.ask()
+    task = _script_task(tmp_path, url, trial, loss=9.0, pruner=("median", {"n_startup_trials": 0}))
+    pruned = run_trial(task)
+    assert pruned.state == "PRUNED" and pruned.told, pruned
+    t = study.get_trials()[1]
+    assert t.state.name == "PRUNED" and t.value is None and 8.5 < t.intermediate_values[2] < 9.0
+    assert t.user_attrs["fail_reason"] == f"pruned at 2 s (train_loss_smoothed {t.intermediate_values[2]:.4f})"
+    assert [row["value"] for row in status_dict(study)["trials"]] == [pytest.approx(1.234567), None]
+
+
+def test_a_study_reports_one_metric_and_a_composite_reports_no_scripts_figure(tmp_path):
+    from sweep.run.supervisor import Supervisor, curve_metric
+    from sweep.spec import objective as obj
+
+    assert curve_metric("model.train", {"output": {"val": "x=(.*)"}}) == "val_bpb"
+    assert curve_metric("model.script.run", {"output": {}}) == "train_loss_smoothed"
+    assert curve_metric("model.script.run", {"output": {"val": r"val_loss=([0-9.]+)"}}) == "val"
+
+    def events(objective: obj.Objective, output: dict) -> tuple[Recorder, list]:
+        rec, kept = Recorder(), []
+        rec.keep = lambda curve: kept.append([list(p) for p in curve])
+        task = TrialTask(study="w", storage_url="", number=0, trial_id=0, params={}, config={"output": output},
+                         budget_s=8, deadline_s=60, eval_fractions=(0.25, 0.5), trainer="model.script.run",
+                         launches_ranks=True, artifact_dir=str(tmp_path / "art"), objective=objective)
+        sup = Supervisor(task, rec)
+        for metric, value, progress in (("train_loss_smoothed", 5.0, 0.25), ("val", 3.5, 0.5)):
+            event = {"event": "eval", "val_bpb": value, "metric": metric, "progress": progress}
+            sup._handle(json.dumps(event).encode())
+        return rec, kept
+
+    # A study whose spec reads a validation figure: the smoothed loss before the first one is not reported.
+    rec, _ = events(obj.Objective(), {"val": r"val_loss=([0-9.]+)"})
+    assert rec.reports == [(4, 3.5)]
+    rec, _ = events(obj.Objective(), {})
+    assert rec.reports == [(2, 5.0)]
+    # A composite's report is its normalised val_bpb term: a script's training loss has none; the curve is kept.
+    composite = obj.Objective("composite", ("val_bpb", "core"), ("maximize",),
+                              (obj.Term("val_bpb", 0.5, 1.0, 2.0), obj.Term("core", 0.5, 0.3, 0.0)))
+    rec, kept = events(composite, {})
+    assert rec.reports == [] and kept == [[[2, 5.0]]]
+
+
+def test_the_driver_stores_a_pruned_scripts_outcome_without_a_value_too(journal_study):
+    from sweep.run.outcome import Outcome, tell_returned
+
+    url, study = journal_study
+    for metric in ("train_loss_smoothed", "val_bpb"):
+        trial = study.ask()
+        trial.report(4.25, 2)
+        result = Outcome(number=trial.number, state="PRUNED", reason=f"pruned at 2 s ({metric} 4.2500)",
+                         curve_metric=metric).as_dict()  # as Ray carries it back to the driver
+        assert tell_returned(study, trial._trial_id, result, url)
+    script, ours = study.get_trials()
+    assert script.state.name == "PRUNED" and script.value is None and script.user_attrs["curve_metric"] == (
+        "train_loss_smoothed")
+    assert ours.value == 4.25 and "curve_metric" not in ours.user_attrs  # our trainer's: Optuna's, as before

@@ -363,3 +363,42 @@ def test_composite_study_exports_its_highest_score(tmp_path, monkeypatch, tiny_c
     assert (prov["trial"], prov["val_bpb"]) == (1, 2.7)
     assert prov["values"]["composite"] == pytest.approx(0.5 * 0.15 + 0.5 * 0.2 / 0.3)
     assert "val_bpb 2.7000" in (out / "train.py").read_text()[:400]
+
+
+def test_a_replicate_exports_under_the_spec_promote_recorded(tmp_path, monkeypatch, capsys):
+    """A promotion under another --spec (its own copy of the script): export of a replicate reads that spec."""
+    import optuna
+
+    from sweep.ship import promote
+    from sweep.spec import load
+
+    text = "DEPTH = 1\nLEARNING_RATE = 0.01\nSEED = 0\nprint('trains')\n"
+    (tmp_path / "screen.py").write_text(text)
+    (tmp_path / "full.py").write_text("# the full-budget copy\n" + text)
+    sections = {"study": {"n_trials": 2, "concurrency": 1, "seed": 0},
+                "trial": {"script": "screen.py", "budget_s": 4, "startup_allowance_s": 20, "eval_timeout_s": 20,
+                          "eval_fractions": [0.5]},
+                "trial.resources": {"num_cpus": 1}, "pruner": {"name": "none"},
+                "params.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}
+    src = write_spec(tmp_path, "src", sections)
+    full = write_spec(tmp_path, "full", {**sections, "trial": {**sections["trial"], "script": "full.py"}})
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv("SWEEP_STORAGE", url)
+    spec, under = load(src), load(full)
+    source = optuna.create_study(study_name="src", storage=st.open_storage(url))
+    source.add_trial(optuna.trial.create_trial(params={"learning_rate": 0.02}, value=1.5,
+                                               distributions=spec.space.distributions({"learning_rate": 0.02})))
+    linked, study = promote.prepare(spec, source, 1, 6.0, 1, url, under=under)
+    params = {"learning_rate": 0.02, "seed": 0}
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=linked.space.distributions(params), value=1.4,
+        user_attrs={"record_fields": ["config"], "config": linked.trainer_config(params),
+                    "script_sha256": hashlib.sha256((tmp_path / "full.py").read_bytes()).hexdigest()}))
+    number = study.get_trials()[-1].number
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    for i, arg in enumerate(("src-promote-6", str(tmp_path / "src-promote-6.toml"))):  # by name, by path
+        assert cli.main(["export", arg, "--trial", str(number), "--out", str(tmp_path / f"sub{i}")]) == 0, \
+            capsys.readouterr().err
+        assert (tmp_path / f"sub{i}" / "train.py").read_text() == (tmp_path / "full.py").read_text().replace(
+            "LEARNING_RATE = 0.01", "LEARNING_RATE = 0.02")

@@ -3,6 +3,7 @@ resumed without rerunning a finished replicate; the report's statistics and verd
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -421,3 +422,83 @@ def test_pareto_promotion_under_another_spec_on_ray_records_both_values_and_resu
     assert _main(["export", linked, "--out", str(tmp_path / "sub")]) == 2
     err = capsys.readouterr().err
     assert "choose a trial of its Pareto front with --trial N" in err and not (tmp_path / "sub").exists()
+
+
+# -- a script study; a spec given by path ----------------------------------------------------------
+
+SCRIPT_TEXT = "DEPTH = 1\nMODEL_DIM = 32\nLEARNING_RATE = 0.01\n{seed}print('trains')\n"
+
+
+def _script_source(tmp_path, monkeypatch, seed_line: str = ""):
+    """A study of a script (no [trial] seed_knob) with one complete trial; its spec given by path."""
+    import optuna
+
+    tmp_path.mkdir(exist_ok=True)
+    monkeypatch.delenv("SWEEP_STORAGE", raising=False)  # each its own store
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_TEXT.format(seed=seed_line))
+    sections = {"study": {"n_trials": 2, "concurrency": 1, "seed": 0},
+                "trial": {"script": str(script), "budget_s": 4, "startup_allowance_s": 20, "eval_timeout_s": 20,
+                          "eval_fractions": [0.5]},
+                "trial.resources": {"num_cpus": 1}, "pruner": {"name": "none"},
+                "params.depth": {"type": "int", "low": 1, "high": 2},
+                "params.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}
+    path = write_spec(tmp_path, "scripted", sections)
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    monkeypatch.setenv("SWEEP_STORAGE", url)
+    spec = load(path)
+    study = optuna.create_study(study_name="scripted", storage=st.open_storage(url))
+    params = {"depth": 1, "learning_rate": 0.01}
+    study.add_trial(optuna.trial.create_trial(params=params, distributions=spec.space.distributions(params),
+                                              value=1.5))
+    return path, url, spec, study
+
+
+def test_promote_refuses_a_script_it_cannot_reseed_before_enqueueing_anything(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    path, url, spec, _ = _script_source(tmp_path, monkeypatch)
+    assert getattr(spec.script, "seed_knob", None) is None
+    capsys.readouterr()
+    assert _main(["promote", str(path), "--budget-s", "6", "--seeds", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.py has no seed knob" in err and "[trial] seed_knob" in err, err
+    assert promote.promotion_record("scripted-promote-6", url) == {}
+    with pytest.raises(KeyError):
+        load_trials(url, "scripted-promote-6")  # no linked study, no replicate
+    # A seed knob, or a SEED constant the seed key sets, lets it through.
+    knobbed = SimpleNamespace(script=spec.script.script, seed_knob=object())
+    promote.refuse_unseeded(dataclasses.replace(spec, script=knobbed))
+    path2, url2, spec2, source2 = _script_source(tmp_path / "seeded", monkeypatch, "SEED = 0\n")
+    linked, study = promote.prepare(spec2, source2, 1, 6.0, 2, url2)
+    assert sorted(t.system_attrs["fixed_params"]["seed"] for t in study.get_trials()) == [0, 1]
+
+
+def test_a_linked_study_of_a_spec_given_by_path_opens_by_name_and_by_the_path_promote_prints(tmp_path, monkeypatch,
+                                                                                            capsys):
+    path, url, spec, source = _source(tmp_path, monkeypatch)
+    full = tiny_spec(trial={"budget_s": 6, "startup_allowance_s": 30, "eval_timeout_s": 30, "eval_fractions": [0.5]})
+    full["fixed"] = {**full["fixed"], "final_eval_tokens": 4096}
+    (tmp_path / "other-dir").mkdir()
+    full_path = write_spec(tmp_path / "other-dir", "full", full)
+    monkeypatch.chdir(tmp_path)  # --spec given relative to here: recorded absolute
+    linked, study = promote.prepare(spec, source, 2, 6.0, 2, url, under=load("other-dir/full.toml"))
+    info = study.user_attrs[promote.ATTR_PROMOTE]
+    assert (info["spec_path"], info["source_spec_path"]) == (str(full_path.resolve()), str(path.resolve()))
+
+    monkeypatch.chdir(tmp_path / "other-dir")
+    for arg in ("src-promote-6", promote.linked_arg(spec, "src-promote-6")):
+        got = promote.load_spec(arg, "export")
+        assert (got.name, got.budget_s, got.path, got.space.fixed["final_eval_tokens"]) == (
+            "src-promote-6", 6.0, full_path.resolve(), 4096), arg  # the replicates' spec, the recorded --spec's
+        assert got.space.validate({**A, "seed": 1})["seed"] == 1  # every seed promote enqueued
+    assert promote.linked_arg(spec, "src-promote-6") == str(tmp_path / "src-promote-6.toml")
+
+    rep = {"confidence": 0.95, "source_study": "src", "budget_s": 6.0, "seeds": 2, "spec": "full",
+           "study": "src-promote-6", "metric": "val_bpb", "direction": "minimize", "message": "undecided",
+           "configs": [{"source_trial": 2, "n": 0, "mean": None, "half_width": None, "std": None, "source_value": 1.2,
+                        "alongside": {}, "failed": 0, "pending": 2, "trials": [5]}]}
+    out = io.StringIO()
+    promote.print_report(rep, out, promote.linked_arg(spec, "src-promote-6"))
+    hint = out.getvalue().splitlines()[-1]
+    assert hint == f"export: python -m sweep export {tmp_path / 'src-promote-6.toml'} --trial 5 --out DIR"
