@@ -1,9 +1,9 @@
 """kernels/: the reference ops against plain PyTorch (values and gradients), get_ops' choices, and the NKI
 kernels run on the CPU.
 
-The NKI kernels run twice over: through `kernels._fake_nki` (a NumPy stand-in for the API subset they use;
-always), and through the real `nki.simulate` where the Neuron SDK is installed and NKI_SIMULATOR=1 (skipped
-otherwise: that SDK cannot be installed on machines without Trainium).
+The NKI kernels run through `kernels._fake_nki` (a NumPy stand-in for the API subset they use), or through the
+real `nki.simulate` instead in a run started with NKI_SIMULATOR=1 where AWS's nki package is installed (docs/neuron.md;
+docs/testing.md says what no run here exercises).
 """
 
 from __future__ import annotations

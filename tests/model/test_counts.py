@@ -81,7 +81,6 @@ def test_counts_equal_the_built_model(cfg: GPTConfig) -> None:
     model = built(cfg)
     assert counts.num_params(cfg) == sum(p.numel() for p in model.parameters())
     assert counts.flops_per_token(cfg) == reference_flops(model)
-    assert model.num_params() == counts.num_params(cfg) and model.flops_per_token() == counts.flops_per_token(cfg)
     args = (cfg.depth, cfg.model_dim, cfg.vocab_size, cfg.mlp_ratio, cfg.head_dim, cfg.n_kv_head, cfg.value_embeds,
             cfg.residual_scalars)
     if cfg.smear or cfg.backout or cfg.ve_gate_channels != GPTConfig.ve_gate_channels:
@@ -89,6 +88,33 @@ def test_counts_equal_the_built_model(cfg: GPTConfig) -> None:
     assert gpt_params(*args) == counts.num_params(cfg)
     if cfg.n_kv_head == cfg.n_head and not cfg.value_embeds:  # then head_dim may be left out (0)
         assert gpt_params(*args[:4], 0, 0, False, cfg.residual_scalars) == counts.num_params(cfg)
+
+
+def test_a_tiny_config_counted_by_hand() -> None:
+    """Every option that adds parameters, counted on paper: the figures come from no code of the project."""
+    cfg = GPTConfig(vocab_size=10, depth=2, model_dim=8, head_dim=4, n_kv_head=1, mlp_ratio=2.0, value_embeds=True,
+                    ve_gate_channels=3, residual_scalars=True, smear=True, backout=True, window_pattern="SL",
+                    short_window=2, seq_len=6, kernels="torch")
+    # 2 query heads of 4 (q_dim 8), 1 K/V head (kv_dim 4), mlp_dim 2.0 x 8 = 16.
+    # wte 10 x 8 = 80; lm_head 8 x 10 = 80.
+    # A block: c_q 8 x 8 = 64, c_k 8 x 4 = 32, c_v 8 x 4 = 32, c_proj 8 x 8 = 64, c_fc 8 x 16 = 128,
+    #   mlp c_proj 16 x 8 = 128: 448; two blocks 896.
+    # Value embeddings on every other layer ending with the last: layer 1 only, a table 10 x 4 = 40 and its gate
+    #   3 channels -> 1 K/V head = 3.
+    # Residual scalars 2 per layer = 4; smear gate min(24, 8) = 8 channels + its lambda 1 = 9; backout 1.
+    # 80 + 80 + 896 + 40 + 3 + 4 + 9 + 1 = 1113.
+    params = 1113
+    # FLOPs per token: 6 per weight a token multiplies through (forward 2, backward 4): the blocks 896, the gate 3
+    #   and lm_head 80 = 979 weights, 6 x 979 = 5874 (the tables are looked up; the scalars are not matmuls).
+    # Attention: per layer and head, q.k over the window and the weighted sum of v, 2 x head_dim each forward
+    #   (4 x 4 = 16 per key), three times that with backward: 12 x n_head x head_dim = 96 per key. Windows "SL":
+    #   layer 0 short, 2 keys; layer 1 (the last, always full) seq_len 6 keys: 96 x (2 + 6) = 768.
+    # 5874 + 768 = 6642.
+    flops = 6642.0
+    model = GPT(cfg)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert counts.num_params(cfg) == params and model.num_params() == params
+    assert counts.flops_per_token(cfg) == flops and model.flops_per_token() == flops
 
 
 def test_the_grid_covers_every_phase_option() -> None:

@@ -48,7 +48,9 @@ def test_trainer_records_core_after_the_final_eval_uncharged(trained):
     assert math.isfinite(record["core"]) and set(record["core_tasks"]) == DEMO_LABELS
     assert record["core"] == pytest.approx(sum(record["core_tasks"].values()) / 4)
     assert record["core_complete"] is True and record["core_examples"] == 4 * MAX_EXAMPLES
-    assert record["core_seconds"] > 0 and record["train_seconds"] <= 3 * 1.01  # CORE is not charged
+    assert record["core_seconds"] > 0 and record["train_seconds"] <= 3 + 1.0  # generous: a real clock
+    # CORE is not charged: the charged seconds are the charged steps' own (start-up is within the allowance).
+    assert record["train_seconds"] == pytest.approx(record["step_seconds_sum"], abs=1e-9)
     assert record["config"]["core_bundle"] == "demo" and record["config"]["core_max_examples"] == MAX_EXAMPLES
 
 

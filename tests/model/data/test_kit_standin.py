@@ -23,7 +23,7 @@ from model.data.kit import KitBatchLoader, load_kit
 from model.evaluate import evaluate_bpb, final_val_bpb
 from model.gpt import GPT
 from tests.conftest import KIT_EVAL_ROWS, TINY
-from tests.kit_standin import VAL_NAME, import_prepare
+from tests.kit_standin import PREPARE, VAL_NAME, import_prepare
 from tests.model.data.dataset_contract import assert_is_dataset
 
 CPU = torch.device("cpu")
@@ -111,11 +111,37 @@ def splitting_kit(tmp_path: Path, base: Path, constants: bool = True) -> Path:
 
 # ---- the stand-in is the kit's shape --------------------------------------------------------------------
 
+# What the stand-in must have, written out from autoresearch's prepare.py (karpathy/autoresearch, the interface
+# the stand-in's docstring names) and from the competition kit's clock constants (docs/competition.md), not
+# read from the stand-in: each name with its signature or value.
+AUTORESEARCH_SIGNATURES = {
+    "make_dataloader": "(tokenizer, B, T, split, buffer_size=1000)",
+    "evaluate_bpb": "(model, tokenizer, batch_size)",
+    "get_token_bytes": "(device='cpu')",
+    "train_tokenizer": "()",
+    "Tokenizer.__init__": "(self, enc)",
+    "Tokenizer.get_vocab_size": "(self)",
+    "Tokenizer.get_bos_token_id": "(self)",
+    "Tokenizer.encode": "(self, text, prepend=None, num_threads=8)",
+    "Tokenizer.decode": "(self, ids)",
+}
+AUTORESEARCH_CONSTANTS = {"MAX_SEQ_LEN": 2048, "TIME_BUDGET": 300, "EVAL_TOKENS": 40 * 524288, "VOCAB_SIZE": 8192,
+                          "VAL_FILENAME": "shard_06542.parquet", "BOS_TOKEN": "<|reserved_0|>",
+                          "SPECIAL_TOKENS": ["<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>", "<|reserved_3|>"]}
+KIT_CLOCK_CONSTANTS = {"TRAIN_TIME_BUDGET_SECONDS": 1800, "TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS": 900,
+                       "TRAIN_STARTUP_STEPS_EXCLUDED": 2}
+
+
 def test_the_standin_has_the_kits_interface(standin_kit):
+    pristine = import_prepare(PREPARE)  # the file as shipped, before tests rewrite its constants
+    for name, value in {**AUTORESEARCH_CONSTANTS, **KIT_CLOCK_CONSTANTS}.items():
+        assert getattr(pristine, name) == value, name
+    assert list(inspect.signature(pristine.Tokenizer.from_directory).parameters) == ["tokenizer_dir"]
     kit = import_prepare(standin_kit / "prepare.py")
-    assert kit.MAX_SEQ_LEN == 2048 and kit.EVAL_TOKENS == KIT_EVAL_ROWS * 2048
-    assert list(inspect.signature(kit.make_dataloader).parameters) == ["tokenizer", "B", "T", "split", "buffer_size"]
-    assert list(inspect.signature(kit.evaluate_bpb).parameters) == ["model", "tokenizer", "batch_size"]
+    for name, signature in AUTORESEARCH_SIGNATURES.items():
+        owner, _, attr = name.rpartition(".")
+        assert str(inspect.signature(getattr(getattr(kit, owner) if owner else kit, attr))) == signature, name
+    assert kit.MAX_SEQ_LEN == 2048 and kit.EVAL_TOKENS == KIT_EVAL_ROWS * 2048  # as tests/conftest.py rewrote it
     tok = kit.Tokenizer.from_directory()
     bos = tok.get_bos_token_id()
     assert tok.get_vocab_size() == VOCAB and bos == VOCAB - 4  # four reserved specials after the merged tokens

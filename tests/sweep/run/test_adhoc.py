@@ -144,7 +144,7 @@ def test_enqueued_trial_runs_in_a_running_sweep_and_the_command_prints_its_recor
     trials = {t.number: t for t in load_trials(url, "live")}
     adhoc = trials[printed["number"]]
     assert printed["state"] == "COMPLETE" and printed["params"] == GOOD and printed["val_bpb"] == adhoc.value
-    assert printed["record"]["status"] == "ok" and printed["record"]["train_seconds"] <= 3.1
+    assert printed["record"]["status"] == "ok" and printed["record"]["train_seconds"] <= 3 + 1.0  # its own budget
     assert adhoc.user_attrs["adhoc"] is True and adhoc.user_attrs["adhoc_budget_s"] == 3.0
     assert sorted(adhoc.intermediate_values) == [2, 3]  # its own budget: eval at 1.5 -> 2 s, final at 3 s
     regular = [t for t in trials.values() if not t.user_attrs.get("adhoc")]

@@ -120,5 +120,6 @@ def test_pruner_stops_a_bad_config_early(ray_cluster, env_for, tmp_path, data_ca
     bad = trials[2]
     assert list(bad.intermediate_values) == [2]  # pruned at the first eval point (0.25 of 6 s)
     assert bad.value > max(t.intermediate_values[2] for t in trials[:2])
-    assert bad.user_attrs["status"] == "stopped" and bad.user_attrs["train_seconds"] < 3
+    # Stopped by the prune's signal, well short of its 6 s budget (generous: a real clock on a shared machine).
+    assert bad.user_attrs["status"] == "stopped" and bad.user_attrs["train_seconds"] < 6 - 1.0
     assert "pruned at 2 s" in bad.user_attrs["fail_reason"]

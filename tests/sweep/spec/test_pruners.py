@@ -8,7 +8,6 @@ from pathlib import Path
 import optuna
 import pytest
 
-from model.config import OptimConfig
 from model.schedule import lr_area, lr_drop, lr_multiplier
 from sweep.spec import SpecError, load
 from sweep.spec.pruners import SCHEDULE_DEFAULTS, Curve, LearningCurvePruner, Schedule, fit_shared, predict_final
@@ -75,13 +74,16 @@ def test_schedule_integrals_are_exact() -> None:
 
 
 def test_the_pruner_reads_unrecorded_schedule_values_as_the_trainers_defaults() -> None:
-    defaults = OptimConfig()
-    assert Schedule() == Schedule(defaults.warmup_ratio, defaults.warmdown_ratio, defaults.final_lr_frac)
-    expected = {"warmup_ratio": defaults.warmup_ratio, "warmdown_ratio": defaults.warmdown_ratio,
-                "final_lr_frac": defaults.final_lr_frac, "matrix_lr": defaults.matrix_lr,
-                "embedding_lr": defaults.embedding_lr, "unembedding_lr": defaults.unembedding_lr,
-                "scalar_lr": defaults.scalar_lr}
-    assert expected == SCHEDULE_DEFAULTS
+    # The documented defaults (docs/competition.md, "Baseline model and optimiser", and docs/recipe.md: the
+    # trainer carries autoresearch's): warmup 0, warmdown 0.5 of the budget, final lr fraction 0; matrix lr
+    # 0.04, embedding 0.6, unembedding 0.004, scalars 0.5.
+    documented = {"warmup_ratio": 0.0, "warmdown_ratio": 0.5, "final_lr_frac": 0.0, "matrix_lr": 0.04,
+                  "embedding_lr": 0.6, "unembedding_lr": 0.004, "scalar_lr": 0.5}
+    assert documented == SCHEDULE_DEFAULTS
+    assert Schedule() == Schedule(0.0, 0.5, 0.0, 1.0)
+    # A trial that recorded none of them (no parameter, no config), in a spec that fixes none: read at the defaults.
+    bare = optuna.trial.create_trial(value=1.0)
+    assert LearningCurvePruner()._schedule(bare, {}, "matrix_lr") == Schedule(0.0, 0.5, 0.0, 0.04)
 
 
 def test_fit_recovers_the_family_and_its_interval_covers_the_truth() -> None:
