@@ -48,6 +48,7 @@ DEFAULT_PATTERNS = {
     "fail": r"^\s*FAIL\b|(?-i:(?<![A-Z_])FAIL)\s*$",
     "remaining_time": "",
     "remaining_steps": "",
+    "charged": "",
 }
 _NUMBER = r"([-+]?(?:[0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf|infinity))"
 KIT_PATTERNS = {
@@ -58,6 +59,7 @@ KIT_PATTERNS = {
     "fail": r"\bbad loss detected\b",
     "remaining_time": r"\|\s*remaining_time\s+([0-9.]+)\s*s?\b",
     "remaining_steps": r"\|\s*remaining_steps\s+([0-9]+)\b",
+    "charged": r"\|\s*charged\s+([0-9.]+)\s*s?\b",  # a field some teams add: the charged seconds so far
 }
 DIALECTS = {"autoresearch": DEFAULT_PATTERNS, "kit": KIT_PATTERNS}
 _SUMMARY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\s*:\s*(.*?)\s*$")
@@ -74,6 +76,7 @@ class Patterns:
     fail: re.Pattern[str] | None
     remaining_time: re.Pattern[str] | None = None
     remaining_steps: re.Pattern[str] | None = None
+    charged: re.Pattern[str] | None = None
 
     @classmethod
     def build(cls, overrides: dict[str, str] | None = None, dialect: str = "autoresearch") -> Patterns:
@@ -110,6 +113,7 @@ class Progress:
     val: float | None = None
     remaining_time: float | None = None  # seconds of the budget left
     remaining_steps: int | None = None
+    charged: float | None = None  # seconds charged so far, where the script prints them
 
 
 def _number(text: str) -> float | None:
@@ -190,7 +194,7 @@ class Reader:
     def progress(self, line: str) -> Progress | None:
         """The figures of one line; None for a line that has none (not a progress line)."""
         p, out, any_found = self.patterns, Progress(), False
-        for name in ("progress", "loss", "step", "val", "remaining_time", "remaining_steps"):
+        for name in ("progress", "loss", "step", "val", "remaining_time", "remaining_steps", "charged"):
             pat = getattr(p, name)
             m = pat.search(line) if pat is not None else None
             if m is None:

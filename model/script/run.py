@@ -338,9 +338,12 @@ class ScriptRun:
                            "charged_s": f * self.budget_s})
 
     def _fraction(self, figures: Any) -> float | None:
-        """The fraction done from what the kit's line says is left: time against the trial's budget, steps
-        against the steps done (where the script caps steps); the further of the two."""
+        """The fraction done from what the kit's line says: the charged seconds where it prints them, what is
+        left of the time against the trial's budget, of the steps against those done (where the script caps
+        steps); the furthest of them."""
         found = []
+        if figures.charged is not None and self.budget_s > 0:
+            found.append(figures.charged / self.budget_s)
         if figures.remaining_time is not None and self.budget_s > 0:
             found.append(1.0 - figures.remaining_time / self.budget_s)
         step, left = figures.step, figures.remaining_steps

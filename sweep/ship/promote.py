@@ -76,6 +76,7 @@ def linked_spec(base: StudySpec, budget_s: float, n_trials: int = 1, seeds: int 
                 under: StudySpec | None = None) -> StudySpec:
     """The spec the replicates run under: ``under``'s (default the source's), at ``budget_s``, with ``seed``
     searched and no pruner; named after, stored with and optimising the objective of the source ``base``.
+    A kit-dialect script's replicates are scored at its ``promote_eval_tokens`` (20,971,520 by default).
 
     Every replicate is enqueued with all its parameters, so the sampler never proposes one; the seed
     is an int parameter (its range may grow between runs, which Optuna allows for ints). Intermediate
@@ -95,7 +96,10 @@ def linked_spec(base: StudySpec, budget_s: float, n_trials: int = 1, seeds: int 
     if needs and not space.fixed.get("core_bundle"):
         raise PromoteError(f"--spec {run.name}: study {base.name!r} optimises {', '.join(needs)}, which needs "
                            "[fixed] core_bundle there (the trainer's CORE evaluation)")
-    return dataclasses.replace(run, name=linked_name(base.name, budget_s), budget_s=float(budget_s),
+    script = run.script
+    if script is not None and script.dialect == "kit":  # a confirmation reads what teams confirm on (20M tokens)
+        script = dataclasses.replace(script, eval_tokens=script.promote_eval_tokens)
+    return dataclasses.replace(run, name=linked_name(base.name, budget_s), budget_s=float(budget_s), script=script,
                                eval_fractions=tuple(fractions), n_trials=max(1, n_trials), space=space,
                                pruner=Component("none"), sampler=Component("random", {"seed": 0}),
                                storage=base.storage, artifacts=base.artifacts, storage_proxy=base.storage_proxy,

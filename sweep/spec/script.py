@@ -40,7 +40,7 @@ TRAINER = "model.script.run"
 KEYS = {"script", "kit", "kit_setup", "kit_constants", "output", "eval_batch_size", "eval_device", "dialect",
         "budget_knob", "seed_knob", "eval_args", "eval_tokens", "promote_eval_tokens", "eval_seq_len",
         "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance", "knobs"}
-OUTPUT_PATTERNS = ("progress", "loss", "step", "val", "fail", "remaining_time", "remaining_steps")  # output.py's
+OUTPUT_PATTERNS = ("progress", "loss", "step", "val", "fail", "remaining_time", "remaining_steps", "charged")
 SEED_KEY = "seed"  # promote's replicates vary this key (sweep.ship.replicates.SEED)
 DIALECTS = ("kit", "autoresearch")
 KNOB_KINDS = ("constant", "flag", "env")

@@ -42,6 +42,13 @@ def test_the_fraction_done_is_the_further_of_time_and_steps(budget, step, time_l
     assert r._fraction(figures) == pytest.approx(fraction)
 
 
+def test_a_charged_field_counts_where_a_script_prints_one():
+    r = run.ScriptRun({"script": "x", "dialect": "kit"}, 100, Path("."), 1, None, False)
+    line = "step 00040 | loss 5.0 | remaining_time 90s | epoch 1 | charged 30s | next_level 3"
+    figures = Reader(Patterns.build(None, "kit")).progress(line)
+    assert figures.charged == 30.0 and r._fraction(figures) == pytest.approx(0.3)
+
+
 def test_the_budget_and_seed_reach_the_script_through_their_knobs():
     kit = {"dialect": "kit", "constants": {"DEPTH": 2}, "flags": ["--matrix-lr", "0.02"], "env": {"X": 1}}
     constants, argv, env = run.launch_values(kit, 30.0)
