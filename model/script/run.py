@@ -25,6 +25,7 @@ import ast
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -245,6 +246,7 @@ class ScriptRun:
                  as_json: bool) -> None:
         self.cfg, self.budget_s, self.out_dir = cfg, budget_s, out_dir
         self.ranks, self.rank_module, self.as_json = ranks, rank_module, as_json
+        self.key: bytes | None = None  # the supervisor's per-trial key: every event line is signed with it
         self.dialect = cfg.get("dialect", "autoresearch")
         patterns = Patterns.build(cfg.get("output"), self.dialect)
         self.reader = Reader(patterns)
@@ -262,7 +264,7 @@ class ScriptRun:
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.as_json:
-            print(json.dumps(event, default=str), flush=True)
+            print(event_line(event, self.key), flush=True)
 
     def _on_sigterm(self, *_: Any) -> None:
         self.stopping = True
@@ -539,6 +541,30 @@ def eval_public(kit: Path, script: Path, checkpoint: Path, cfg: dict[str, Any],
     return read_json_object(out), seconds
 
 
+def event_line(event: dict[str, Any], key: bytes | None) -> str:
+    """One JSON event line, signed with ``key`` where the supervisor gave one (sweep.run.supervisor.sign)."""
+    if key is None:
+        return json.dumps(event, default=str)
+    payload = json.dumps(event, sort_keys=True, default=str)
+    mac = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+    return json.dumps({**json.loads(payload), "sig": mac})
+
+
+def read_key(fd: int | None) -> bytes | None:
+    """The trial's key from the pipe the supervisor passed, which is then closed: the script never inherits it.
+    The process also turns non-dumpable, so a script of the same user cannot read it (or open this process's
+    stdout) through /proc."""
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as pipe:
+        key = bytes.fromhex(pipe.read().decode())
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4, off
+    return key
+
+
 def summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
     """The record's usual names for what the summary block says (train_seconds, steps, tokens, params)."""
     def num(key: str, scale: float = 1.0) -> float | None:
@@ -561,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("runs/script"), help="the run's working files")
     parser.add_argument("--ranks", type=int, default=1, help="torchrun processes")
     parser.add_argument("--rank-module", default=None, help="a module each rank runs first (it then runs the script)")
+    parser.add_argument("--key-fd", type=int, default=None, help="a pipe holding the key that signs each event line")
     args = parser.parse_args(argv)
+    key = read_key(args.key_fd)
     try:
         text = args.config.strip()
         try:
@@ -571,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(raw, dict):
             raise BadConfig("--config must be a JSON object")
         run = ScriptRun(read_config(raw), args.budget_s, args.out_dir, args.ranks, args.rank_module, args.json)
+        run.key = key
         args.out_dir.mkdir(parents=True, exist_ok=True)
         record = run.run()
     except BadConfig as e:  # before the script ran: its config, files or constants
@@ -586,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.link(checkpoint, args.out_dir / "final.pt")
             except OSError:
                 shutil.copyfile(checkpoint, args.out_dir / "final.pt")
-    print(json.dumps({"event": "result", **record}, default=str), flush=True)
+    print(event_line({"event": "result", **record}, key), flush=True)
     return 0 if record["status"] in ("ok", "stopped", "diverged") else 1
 
 

@@ -36,10 +36,14 @@ Long file: one class, the trainer group's whole life, which reads best in one pl
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import os
 import queue
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -98,6 +102,7 @@ class TrialTask:
     attrs: dict[str, Any] = field(default_factory=dict)  # user attributes stored with the outcome
     compile_cache: str = ""  # the spec's trial.compile_cache (see sweep.neuron)
     objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna
+    pass_env: tuple[str, ...] = ()  # [trial] pass_env: variables a script trial may see beyond the allow-list
 
     def eval_step(self, progress: float) -> int:
         """The nominal eval point nearest to ``progress``, in whole charged seconds.
@@ -135,6 +140,37 @@ def trainer_command(task: TrialTask, config_path: Path, out_dir: Path, python: s
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(task.ranks),
                 "-m", *entry, *args]
     return [python, "-m", task.trainer, *args]
+
+
+# What a team's script sees of the worker's environment (:func:`script_env`): the system's, the toolchains'
+# and the spec's own trial.env and pass_env; never the storage URL, PG*, cloud keys, the Ray address or token.
+SCRIPT_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+                              "TMP", "TEMP", "HOSTNAME", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONHASHSEED"})
+SCRIPT_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NEURON_", "NKI_", "XLA_", "TORCH", "CUDA_",
+                       "NCCL_", "FI_", "MALLOC_")
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|PRIVATE|(^|_)KEY$|SESSION|AUTH", re.IGNORECASE)
+
+
+def script_env(environ: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, str]:
+    """The allow-listed part of ``environ`` for a trial of a team's script, plus the names ``passed``."""
+    keep = {k: v for k, v in environ.items() if (k in SCRIPT_ENV_NAMES or k.startswith(SCRIPT_ENV_PREFIXES))
+            and not SECRET_NAME.search(k)}
+    return {**keep, **{k: environ[k] for k in passed if k in environ}}
+
+
+def sign(key: bytes, event: dict[str, Any]) -> str:
+    """One event line signed with the trial's key (the script trainer's side; :func:`signed` checks it)."""
+    payload = json.dumps(event, sort_keys=True, default=str)
+    mac = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+    return json.dumps({**json.loads(payload), "sig": mac})
+
+
+def signed(key: bytes, event: dict[str, Any]) -> bool:
+    """Whether ``event`` carries the signature of its content under ``key`` (it loses its ``sig``)."""
+    mac = event.pop("sig", None)
+    payload = json.dumps(event, sort_keys=True)
+    wanted = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+    return isinstance(mac, str) and hmac.compare_digest(mac, wanted)
 
 
 class Reporter:
@@ -175,6 +211,10 @@ class Supervisor:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.run.reaper
+        # A script trial's events are signed with a key only its trainer gets (over a pipe, not inherited by the
+        # script): a line the script writes to its parent's stdout is not an event.
+        self.key = secrets.token_bytes(32) if task.trainer == SCRIPT_TRAINER else None
+        self.unsigned_lines = 0
         self.marks: dict[str, float] = {}  # monotonic times of the supervisor's phases, for overhead
         self.artifacts_error: str | None = None  # why the trial's files are not where the spec said
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
@@ -198,15 +238,28 @@ class Supervisor:
         stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
         events = open(self.artifact_dir / "events.jsonl", "a")  # noqa: SIM115
         self._files += [stderr, events]
-        env = {**os.environ, **task.env, **self.launch.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
+        base = dict(os.environ) if self.key is None else script_env(dict(os.environ), task.pass_env)
+        env = {**base, **task.env, **self.launch.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = trainer_command(replace(task, ranks=self.launch.ranks), config_path, self.artifact_dir, self.python,
                               self.launch.rank_module)
+        key_fds: tuple[int, ...] = ()
+        if self.key is not None:
+            read_fd, write_fd = os.pipe()
+            os.write(write_fd, self.key.hex().encode())
+            os.close(write_fd)
+            key_fds = (read_fd,)
+            cmd += ["--key-fd", str(read_fd)]
         self.launch_unix = time.time()
         launched = time.monotonic()
         deadline = launched + task.deadline_s
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                                     cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env))
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                         cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env),
+                                         pass_fds=key_fds)
+        finally:
+            for fd in key_fds:
+                os.close(fd)
         self.marks["launched"] = time.monotonic()
         self.launch.started()
         self._start_reaper(self.launch_unix + task.deadline_s + task.stop_grace_s + 30)
@@ -258,6 +311,8 @@ class Supervisor:
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
         self.marks["reaped"] = time.monotonic()
         self.launch_attrs = self.launch.finished(self.record, self.launch_unix, self.first_step_unix)
+        if self.unsigned_lines:  # a script wrote JSON lines where only its trainer may: said on the trial
+            self.launch_attrs["unsigned_lines"] = self.unsigned_lines
         return self._outcome(returncode)
 
     def _usable_artifact_dir(self) -> None:
@@ -311,6 +366,9 @@ class Supervisor:
         except ValueError:
             return False
         if not isinstance(ev, dict):
+            return False
+        if self.key is not None and not signed(self.key, ev):
+            self.unsigned_lines += 1  # not the trainer's: the script wrote it (see __init__)
             return False
         kind = ev.get("event")
         if kind == "step" and self.first_step_unix is None:
@@ -417,6 +475,9 @@ class Supervisor:
             out.reason = f"pruned at {self.last_step} s ({task.curve_metric} {self.last_value:.4f})"
             if rec is None:
                 out.reason += f"; trainer did not stop within {task.stop_grace_s:g} s and was killed"
+        elif status == "ok" and self.key is not None and returncode != 0:
+            out.fail_kind = "crash"
+            out.reason = f"the script trainer exited with code {returncode} after its result (never COMPLETE)"
         elif status == "ok":
             try:
                 out.values = task.objective.values(rec or {})
