@@ -44,6 +44,11 @@ _AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 _SDK = re.compile(r"Neuron SDK (\d+(?:\.\d+)+)")
 
 
+class ParameterMissing(BadInput):
+    """The SSM parameter does not exist in the region (its name is a guess): :func:`resolve_pinned` then
+    looks the pinned release's image up with describe-images instead."""
+
+
 def resolve(ssm: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
     """The AMI id the SSM parameter holds in the client's region (the default: the TorchNeuron DLAMI)."""
     if not parameter.startswith("/"):
@@ -60,8 +65,9 @@ def resolve(ssm: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
             found = discover(ssm)
             if found is not None:
                 return resolve(ssm, found)
-        raise BadInput(f"{what} does not exist in {ssm.meta.region_name} (the {DLAMI_NAME} DLAMI is published "
-                       "per region: pick a region with trn2, or pass --ssm-parameter / --ami)") from None
+        raise ParameterMissing(f"{what} does not exist in {ssm.meta.region_name} (the {DLAMI_NAME} DLAMI is "
+                               "published per region: pick a region with trn2, or pass --ssm-parameter / --ami)"
+                               ) from None
     except BotoCoreError as e:
         raise translate(e, what) from None
     value = str(response["Parameter"]["Value"]).strip()
@@ -129,8 +135,20 @@ def pinned_release_image(ec2: Any) -> str | None:
 
 def resolve_pinned(ssm: Any, ec2: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
     """The AMI id to boot: the SSM parameter's image if its description names the pinned Neuron SDK, else
-    the newest TorchNeuron DLAMI of that SDK; BadInput in one line when neither exists in the region."""
-    image = resolve(ssm, parameter)
+    the newest TorchNeuron DLAMI of that SDK; BadInput in one line when neither exists in the region.
+
+    A missing parameter is no reason to stop: the pinned release's image is looked up all the same."""
+    try:
+        image: str | None = resolve(ssm, parameter)
+    except ParameterMissing:
+        image = None
+    if image is None:
+        older = pinned_release_image(ec2)
+        if older is not None:
+            return older
+        raise BadInput(f"SSM parameter {parameter} does not exist in {ec2.meta.region_name}, and it has no "
+                       f"{DLAMI_NAME} ({DLAMI_OS_NAME}) image with '{DLAMI_SDK_MARK}' in its description: "
+                       "pass --ami, or pick a region with trn2 (docs/neuron.md)")
     info = describe(ec2, image)
     found = sdk_of(info.get("Description", "")) if info else None
     if found == NEURON_SDK:
