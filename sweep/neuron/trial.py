@@ -125,7 +125,7 @@ class TrialLaunch:
             error = self.sync(loc.remote, loc.neff_dir, 0.0)
             if error:
                 self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
-        if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
+        if free < MIN_CACHE_FREE_BYTES:  # keep the room the compiler and the trial still need (docs/neuron.md)
             # The persistent (on-disk) NEFF cache is the C++ backend's, which reads this name and exactly "1"
             # (docs/neuron.md, "Compile cache"); the other name only switches off the in-process cache.
             self.env[NEFF_DISABLE_VAR] = "1"

@@ -10,6 +10,8 @@ one line saying what fixes it, and the exit code is 1 (0 when all pass, 2 for ba
 - ``launch``: a tiny model trains a few steps at the spec's rank count through a trial's own launch plan
   (the supervisor, ``TrialLaunch``, torchrun); every rank says which core it holds, and each must hold
   exactly its own core of the plan, as TorchNeuron demands of a distributed run.
+- ``model_compile`` (advisory): the same tiny model under ``torch.compile(backend="neuron")`` where the spec's
+  trials compile; a failure is reported and the node joins (a compile error would refuse every node alike).
 - ``compile_cache``: one salted graph compiled twice in two processes: the first must write a NEFF where
   ``TORCH_NEURONX_NEFF_CACHE_DIR`` points, the second must find it (a hit). Where the cache lives, that it
   is writable and how it is shared are reported; a ``trial.compile_cache`` path on a local disk fails.
@@ -34,7 +36,7 @@ passes. Checks that need the device are skipped (and fail) when ``versions`` or 
 Where the spec's trials train on CUDA, :mod:`sweep.run.preflight_cuda`'s set runs instead, through the same
 ``run_checks`` and report (``--node neuron|cuda`` overrides the spec; the CLI calls its ``main``).
 
-Long file: the eight checks, each with the one-line failures and fixes a node's operator reads, stay
+Long file: the nine checks, each with the one-line failures and fixes a node's operator reads, stay
 together with the plan they share and the report the kernels read, so the whole contract is one page.
 """
 
@@ -232,9 +234,9 @@ def check_device(plan: Plan) -> Check:
     return Check("device", True, f"torch.neuron available, {count} NeuronCore(s) at LNC {plan.lnc}", data=out)
 
 
-def _launch_task(plan: Plan, work: Path, ranks_dir: Path) -> TrialTask:
+def _launch_task(plan: Plan, work: Path, ranks_dir: Path, compiled: bool = False) -> TrialTask:
     cores = plan.neuron_cores or -(-plan.ranks * plan.lnc // plan.node_lnc)
-    config = {**LAUNCH_MODEL, "device": plan.device, "compile": plan.compile, "ranks": plan.ranks, "lnc": plan.lnc,
+    config = {**LAUNCH_MODEL, "device": plan.device, "compile": compiled, "ranks": plan.ranks, "lnc": plan.lnc,
               "eval_tokens": LAUNCH_MODEL["batch_size"] * LAUNCH_MODEL["seq_len"] * plan.ranks,
               "final_eval_tokens": LAUNCH_MODEL["batch_size"] * LAUNCH_MODEL["seq_len"] * plan.ranks}
     if plan.flags:
@@ -261,6 +263,8 @@ def run_launch(task: TrialTask, ranks_dir: Path) -> tuple[Any, dict[str, Any], d
 
 
 def check_launch(plan: Plan, workdir: Path) -> Check:
+    """The launch itself, eager: a model compile that fails is the advisory ``model_compile`` check's, so it
+    never keeps a node (and so every node) out of the study."""
     ranks_dir = workdir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     task = _launch_task(plan, workdir / "trial", ranks_dir)
@@ -295,6 +299,21 @@ def check_launch(plan: Plan, workdir: Path) -> Check:
     steps = (out.record or {}).get("steps")
     shown = ", ".join(f"rank {k}: core {v}" for k, v in sorted(held.items()))
     return Check("launch", True, f"{plan.ranks} rank(s), {steps} step(s); {shown}", data=data)
+
+
+def check_model_compile(plan: Plan, workdir: Path) -> Check:
+    """The launch's tiny model under ``torch.compile(backend="neuron")``, as the spec's trials compile theirs."""
+    if not plan.compile:
+        return Check("model_compile", True, "the spec's trials run eager: nothing compiled")
+    ranks_dir = workdir / "ranks-compiled"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    task = _launch_task(plan, workdir / "trial-compiled", ranks_dir, compiled=True)
+    out, _, _ = run_launch(task, ranks_dir)
+    if out.state != "COMPLETE":
+        reason = (out.reason or "no reason recorded").splitlines()[0][:300]
+        raise CheckFailed(f"the tiny model compiled ended {out.state}: {reason}",
+                          f"read {task.artifact_dir}/trainer.log", {"state": out.state})
+    return Check("model_compile", True, f"{(out.record or {}).get('steps')} compiled step(s)")
 
 
 def _core_fix() -> str:
@@ -443,11 +462,14 @@ def check_artifacts(plan: Plan, s3_client: Any = None) -> Check:
 
 # -- the run ------------------------------------------------------------------------------------------
 
-NEEDS_DEVICE = ("launch", "compile_cache", "kernels")
+NEEDS_DEVICE = ("launch", "model_compile", "compile_cache", "kernels")
 # Checks whose failure a node survives: trials run kernels = "auto", which falls back to the PyTorch ops
 # wherever the kernels check did not pass (model/kernel_choice.py), so one NKI problem never keeps a node out.
-ADVISORY = ("kernels",)
-ADVISORY_EFFECT = {"kernels": 'run the PyTorch ops (kernels = "auto" records why)'}
+# A model that fails to compile on a node fails the same way on every node of the same image: refusing the
+# node would keep every node out of the study, while each trial that hits it fails alone with its error.
+ADVISORY = ("kernels", "model_compile")
+ADVISORY_EFFECT = {"kernels": 'run the PyTorch ops (kernels = "auto" records why)',
+                   "model_compile": "that compile may fail, each alone, with the compiler's error in its record"}
 
 
 def run_checks(plan: Plan, workdir: Path, checks: Mapping[str, Callable[[], Check]] | None = None) -> list[Check]:
@@ -455,6 +477,7 @@ def run_checks(plan: Plan, workdir: Path, checks: Mapping[str, Callable[[], Chec
     checks = checks or {
         "versions": lambda: check_versions(plan), "neuron_ls": lambda: check_neuron_ls(plan),
         "device": lambda: check_device(plan), "launch": lambda: check_launch(plan, workdir),
+        "model_compile": lambda: check_model_compile(plan, workdir),
         "compile_cache": lambda: check_compile_cache(plan), "kernels": lambda: check_kernels(plan),
         "monitor": lambda: check_monitor(plan), "artifacts": lambda: check_artifacts(plan)}
     done: list[Check] = []

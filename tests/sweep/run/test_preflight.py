@@ -82,7 +82,8 @@ def test_every_check_passes_end_to_end_against_the_standins(node, s3, monkeypatc
     assert report == json.loads((node / "report.json").read_text())
     assert report["ok"] and report["first_failure"] is None and report["lnc"] == 2 and report["ranks"] == 2
     names = [c["name"] for c in report["checks"]]
-    assert names == ["versions", "neuron_ls", "device", "launch", "compile_cache", "kernels", "monitor", "artifacts"]
+    assert names == ["versions", "neuron_ls", "device", "launch", "model_compile", "compile_cache", "kernels",
+                     "monitor", "artifacts"]
     checks = {c["name"]: c for c in report["checks"]}
     assert all(c["ok"] for c in checks.values()), checks
     assert "rank 0: core 0, rank 1: core 1" in checks["launch"]["detail"]
@@ -92,7 +93,7 @@ def test_every_check_passes_end_to_end_against_the_standins(node, s3, monkeypatc
         (k, w, m) for k, w in (("rms_norm", 128), ("relu2_mlp", 128), ("rms_norm", 256), ("relu2_mlp", 256),
                                ("softcap_cross_entropy", 512)) for m in ("eager", "compiled"))
     assert report["advisory_failures"] == [] and [c["name"] for c in report["checks"] if not c["required"]] == \
-        ["kernels"]
+        ["model_compile", "kernels"]
     assert all(r["err"] <= pf.TOLERANCE for r in checks["kernels"]["data"]["results"])
     s3.head_object(Bucket="trn-bucket", Key=f"artifacts/_preflight/{socket.gethostname()}.json")
     for name in names:
@@ -136,6 +137,23 @@ def test_a_node_whose_only_failure_is_advisory_joins(node, monkeypatch, capsys):
     assert "advisory check kernels failed" in err and "every required check passed" in err
     assert preflight_verdict(2, node / "report.json") == (False, f"the preflight's kernels check failed on this node "
                                                            f"({node / 'report.json'})")
+
+
+def test_a_model_that_fails_to_compile_is_advisory_and_the_node_joins(node, monkeypatch, capsys):
+    """A full model's compile error would fail every node of the image alike: the launch is checked eager, the
+    compile apart and advisory, so the node joins and each trial that compiles fails (or falls back) alone."""
+    monkeypatch.setenv("FAKE_NEURON", "model-compile-error")
+    monkeypatch.setenv("SWEEP_ARTIFACTS", str(node / "artifacts"))
+    out = io.StringIO()
+    spec = write_spec(node, "pf", {**SPEC, "fixed": {**SPEC["fixed"], "compile": True}})
+    assert cli.main(["preflight", str(spec)], out=out) == 0, out.getvalue()
+    report = json.loads((node / "report.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["ok"] and "model_compile" in report["advisory_failures"]
+    assert checks["launch"]["ok"] and checks["compile_cache"]["ok"], checks
+    assert not checks["model_compile"]["required"]
+    assert checks["model_compile"]["detail"].startswith("the tiny model compiled ended FAIL")
+    assert "advisory check model_compile failed" in capsys.readouterr().err
 
 
 def test_bad_input_is_exit_2(node, capsys):
