@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from infra.aws import BadInput, InfraError, error_code, translate
+from sweep.neuron.environment import COMPETITION_AMI
 from sweep.neuron.versions import (
     DLAMI_NAME,
     DLAMI_OS_NAME,
@@ -162,3 +163,13 @@ def resolve_pinned(ssm: Any, ec2: Any, parameter: str = DEFAULT_SSM_PARAMETER) -
                    f"sweep/neuron/versions.py pins, and {ec2.meta.region_name} has no {DLAMI_NAME} "
                    f"({DLAMI_OS_NAME}) image with '{DLAMI_SDK_MARK}' in its description: pass --ami, or move "
                    "the pins to that release (docs/neuron.md)")
+
+
+def competition_image(ec2: Any, image: str = COMPETITION_AMI) -> str:
+    """The competition profile's image, by id, checked with describe-images in the client's region: the kit
+    names the id, not the region, and an AMI id exists in one region only; one line where it is not visible."""
+    if describe(ec2, image) is None:
+        raise BadInput(f"the competition image {image} is not visible to describe-images in "
+                       f"{ec2.meta.region_name} (the kit names no region, and an AMI id belongs to one): pass "
+                       "--region where the organisers' image is shared with this account, or --profile latest-sdk")
+    return image
