@@ -178,3 +178,27 @@ def describe(profile: Environment, extra: Mapping[str, Any] | None = None) -> st
     if versions:
         text += "; " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
     return text
+
+
+def admit(url: str, study_name: str, found: Mapping[str, str], role: str = "driver") -> tuple[str | None, bool]:
+    """Whether a node whose image venv holds ``found`` may serve the study: (one-line refusal or None, whether
+    this call recorded ``found`` as the study's, being its first node). A study not created yet admits anyone;
+    its first trial records the versions. Two first nodes at once: the last to write is the study's."""
+    import optuna
+
+    from sweep import store as st
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = st.open_storage(url, role)
+    try:
+        study = st.retry(lambda: optuna.load_study(study_name=study_name, storage=storage), url=url)
+    except KeyError:
+        return None, False
+    recorded = study.user_attrs.get(ATTR_VERSIONS)
+    if not recorded:
+        st.retry(lambda: study.set_user_attr(ATTR_VERSIONS, dict(found)), url=url)
+        return None, True
+    diff = version_difference(recorded, found)
+    if diff is None:
+        return None, False
+    return f"this node's image venv differs from study {study_name}'s first node: {diff}", False

@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,12 @@ def run_trial(task: TrialTask) -> Outcome:
     # Under the competition profile the trainer runs with the image venv's python (sweep.neuron.environment);
     # a node without that venv is refused before the trial is marked started.
     python = environment.trainer_python(task.env)
+    if python is not None:  # competition: the image venv's versions, recorded, and the study's first node's
+        found = environment.read_versions(python)
+        refusal, _ = environment.admit(task.storage_url, task.study, found, role="worker")
+        if refusal:
+            raise environment.ProfileError(refusal)
+        task = replace(task, attrs={**task.attrs, environment.ATTR_VERSIONS: found})
     study, trial = open_trial(task)
     sup = Supervisor(task, reporter=OptunaReporter(study, trial, task), python=python)
     sup.marks["opened"] = time.monotonic() - t0

@@ -82,8 +82,8 @@ def test_every_check_passes_end_to_end_against_the_standins(node, s3, monkeypatc
     assert report == json.loads((node / "report.json").read_text())
     assert report["ok"] and report["first_failure"] is None and report["lnc"] == 2 and report["ranks"] == 2
     names = [c["name"] for c in report["checks"]]
-    assert names == ["versions", "neuron_ls", "device", "launch", "model_compile", "compile_cache", "kernels",
-                     "monitor", "artifacts"]
+    assert names == ["environment", "versions", "neuron_ls", "device", "launch", "model_compile", "compile_cache",
+                     "kernels", "monitor", "artifacts"]
     checks = {c["name"]: c for c in report["checks"]}
     assert all(c["ok"] for c in checks.values()), checks
     assert "rank 0: core 0, rank 1: core 1" in checks["launch"]["detail"]
@@ -292,3 +292,54 @@ def test_children_get_the_trials_lnc_flags_and_one_core(node, monkeypatch):
         ("2", "--optlevel=1", "0")
     assert env["NEURON_RT_ASYNC"] == "1" and str(pf.REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep)
     assert "NEURON_RT_VISIBLE_CORES" not in pf.child_env(plan(node))
+
+
+# -- the competition profile: the image venv's versions, and the study's first node --------------------------
+
+def _image_venv(root: Path, versions: dict[str, str]) -> Path:
+    """A stand-in image venv whose python answers the version read with these versions (fabricated)."""
+    python = root / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho '{json.dumps(versions)}'\n")
+    python.chmod(0o755)
+    return root
+
+
+FIRST = {"torch": "2.11.0", "torch-neuronx": "2.11.3.0", "neuronx-cc": "2.26.1.0", "nki": "0.5.0",
+         "aws-neuronx-runtime-lib": "2.33.10.0", "aws-neuronx-collectives": "2.33.10.0"}
+
+
+def test_a_node_whose_image_venv_differs_from_the_studys_first_node_is_refused_in_one_line(tmp_path):
+    import optuna
+
+    from sweep import store as st
+
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    optuna.create_study(study_name="pf", storage=st.open_storage(url))
+    first, other = _image_venv(tmp_path / "a", FIRST), _image_venv(tmp_path / "b", {**FIRST, "neuronx-cc": "2.28.0.0"})
+
+    def competition_plan(venv: Path) -> pf.Plan:
+        sections = {**SPEC, "environment": {"profile": "competition", "venv": str(venv)}}
+        return replace(pf.plan_for(load(write_spec(tmp_path, "pf", sections))), storage=url)
+
+    plan = competition_plan(first)
+    assert plan.python == str(first / "bin" / "python")  # trials' trainers and the probes run with it
+    c = pf.check_environment(plan)
+    assert c.ok and c.data["versions"] == FIRST and c.data["recorded_as_first"]
+    study = optuna.load_study(study_name="pf", storage=st.open_storage(url))
+    assert study.user_attrs["environment_versions"] == FIRST
+    assert pf.check_environment(plan).data["recorded_as_first"] is False  # the same image: admitted
+    refused = failed(pf.check_environment, competition_plan(other))
+    assert refused.detail == "this node's image venv differs from study pf's first node: neuronx-cc 2.26.1.0 " \
+                             "there, 2.28.0.0 here"
+    assert pf.check_versions(plan).ok  # the pins are latest-sdk's: not judged here
+
+
+def test_a_competition_node_without_the_image_venv_fails_and_its_device_checks_are_skipped(tmp_path):
+    sections = {**SPEC, "environment": {"profile": "competition", "venv": str(tmp_path / "none")}}
+    plan = pf.plan_for(load(write_spec(tmp_path, "pf", sections)))
+    assert plan.python is None
+    done = pf.run_checks(plan, tmp_path, {"environment": lambda: pf.check_environment(plan),
+                                          "launch": lambda: pf.Check("launch", True, "not run")})
+    assert not done[0].ok and "no venv" in done[0].detail and "\n" not in done[0].detail
+    assert done[1].detail == "skipped: the environment check failed"
