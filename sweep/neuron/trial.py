@@ -36,11 +36,13 @@ from sweep.neuron.launch import (
     DEFAULT_NODE_LNC,
     LAUNCH_KEYS,
     LNC_VAR,
+    OPT_LEVEL_VAR,
     RANK_CORES_VAR,
     RANK_MODULE,
     format_cores,
     launch_values,
     map_ranks,
+    opt_level_value,
     parse_cores,
     to_trial_lnc,
 )
@@ -85,6 +87,10 @@ class TrialLaunch:
         if flags is not None:
             launch.env[CC_FLAGS_VAR] = flags
             attrs["neuron_cc_flags"] = flags
+        opt_level = opt_level_value(config, task_env)
+        if opt_level is not None:
+            launch.env[OPT_LEVEL_VAR] = opt_level
+            attrs["neuron_opt_level"] = opt_level
         visible = env.get(CORES_VAR)
         if visible:
             node_lnc = int(node_env.get(LNC_VAR) or DEFAULT_NODE_LNC)

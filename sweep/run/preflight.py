@@ -128,6 +128,7 @@ class Plan:
     env: dict[str, str]
     environment: Environment = field(default_factory=Environment)  # the spec's profile
     python: str | None = None  # the trainer's python: the image venv's under competition, else this one
+    opt_level: str | None = None  # NEURON_COMPILER_OPT_LEVEL of the trials (neuron_opt_level), if set
     storage: str = ""  # the study's storage URL: where the study's first node's versions are kept
 
 
@@ -156,7 +157,8 @@ def plan_for(spec: Any, lnc: int | None = None, env: Mapping[str, str] | None = 
                 if dims[0] != dims[-1] else (dims[0],), vocab=max(s["vocab_size"] for s in at),
                 softcap=float(first["softcap"]), compile_cache=spec.compile_cache,
                 artifacts=artifacts.artifacts_url(spec.artifacts), env=dict(spec.env),
-                environment=spec.environment, python=_trainer_python(spec.environment))
+                environment=spec.environment, python=_trainer_python(spec.environment),
+                opt_level=first.get("neuron_opt_level"))
 
 
 def _trainer_python(profile: Environment) -> str | None:
@@ -174,6 +176,8 @@ def child_env(plan: Plan, extra: Mapping[str, str] | None = None, cores: str | N
     env = {**os.environ, **plan.env, neuron.LNC_VAR: str(plan.lnc), **(extra or {})}
     if plan.flags:  # the trials' compiles use them, so the cache check's must too
         env[neuron.CC_FLAGS_VAR] = plan.flags
+    if plan.opt_level:
+        env[neuron.OPT_LEVEL_VAR] = plan.opt_level
     env.pop(neuron.CORES_VAR, None)
     if cores is not None:
         env[neuron.CORES_VAR] = cores
@@ -287,6 +291,8 @@ def _launch_task(plan: Plan, work: Path, ranks_dir: Path, compiled: bool = False
               "final_eval_tokens": LAUNCH_MODEL["batch_size"] * LAUNCH_MODEL["seq_len"] * plan.ranks}
     if plan.flags:
         config["neuron_cc_flags"] = plan.flags
+    if plan.opt_level:
+        config["neuron_opt_level"] = plan.opt_level
     env = {**plan.env, neuron.CORES_VAR: neuron.format_cores(range(cores)), RANKS_VAR: str(ranks_dir)}
     return TrialTask(study=plan.study, storage_url="", number=0, trial_id=-1, params={}, config=config,
                      budget_s=3600.0, deadline_s=PROBE_TIMEOUT_S * 1.5, eval_fractions=(1.0,), ranks=plan.ranks,
