@@ -189,6 +189,15 @@ def launch_shape(spec: Any, t: Any) -> tuple[int, int, str | None]:
     return ranks, lnc, flags
 
 
+def launch_env_of(flags: str | None, t: Any) -> dict[str, str]:
+    """The compiler settings the trial trained with, for the submission's environment: its NEURON_CC_FLAGS and
+    the native stack's opt level (neuron_opt_level), where it set them."""
+    env = {neuron.CC_FLAGS_VAR: flags} if flags else {}
+    if t.user_attrs.get("neuron_opt_level"):
+        env[neuron.OPT_LEVEL_VAR] = str(t.user_attrs["neuron_opt_level"])
+    return env
+
+
 def launch_line(ranks: int, lnc: int) -> str:
     return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={ranks} train.py"
 
@@ -217,7 +226,7 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         parse_config(config)
     except ConfigError as e:
         raise ExportError(f"trial {t.number}: train.py would refuse its configuration: {e}") from None
-    launch_env = {neuron.CC_FLAGS_VAR: flags} if flags else {}
+    launch_env = launch_env_of(flags, t)
     version = code_version(root)
     trained_version = {k: t.user_attrs[k] for k in ("git_commit", "git_dirty") if k in t.user_attrs}
     warnings = []
@@ -294,7 +303,7 @@ def export_script(spec: Any, study_name: str, t: Any, out_dir: Path, root: Path 
         "values": dict(zip(spec.objective.names, t.values or (), strict=False)),
         "objective": spec.objective.describe(), "script": str(script.script), "script_sha256": now,
         "constants": script.trainer_config(flat)["constants"], "trained_budget_s": t.user_attrs.get("budget_s"),
-        "launch": launch, "ranks": ranks, "lnc": lnc, "launch_env": {neuron.CC_FLAGS_VAR: flags} if flags else {},
+        "launch": launch, "ranks": ranks, "lnc": lnc, "launch_env": launch_env_of(flags, t),
         "code_version": code_version(root), "spec_hash": t.user_attrs.get("spec_hash"),
         "train_py_sha256": hashlib.sha256(data).hexdigest(), "train_py_bytes": len(data),
         "upload_limit_bytes": bundle.UPLOAD_LIMIT_BYTES,

@@ -84,6 +84,9 @@ def study(tmp_path, tiny_config, monkeypatch):
                                           user_attrs={**attrs, "launch_ranks": 2}))
     s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.1,
                                           user_attrs={**attrs, "config": {**config, "final_eval_rows": -1}}))
+    s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.2,
+                                          user_attrs={**attrs, "neuron_cc_flags": "--optlevel=1",
+                                                      "neuron_opt_level": "-O1"}))
     return spec_path
 
 
@@ -363,3 +366,12 @@ def test_composite_study_exports_its_highest_score(tmp_path, monkeypatch, tiny_c
     assert (prov["trial"], prov["val_bpb"]) == (1, 2.7)
     assert prov["values"]["composite"] == pytest.approx(0.5 * 0.15 + 0.5 * 0.2 / 0.3)
     assert "val_bpb 2.7000" in (out / "train.py").read_text()[:400]
+
+
+def test_the_compiler_settings_a_trial_trained_with_go_into_the_submission(study, tmp_path, capsys):
+    """neuron_cc_flags and neuron_opt_level are launch keys: the exported program sets both, as the trial ran."""
+    out = tmp_path / "submission"
+    assert export(study, out, "--trial", "4") == 0, capsys.readouterr().err
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["launch_env"] == {"NEURON_CC_FLAGS": "--optlevel=1", "NEURON_COMPILER_OPT_LEVEL": "-O1"}
+    assert "'NEURON_COMPILER_OPT_LEVEL': '-O1'" in (out / "train.py").read_text()
