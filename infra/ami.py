@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from infra.aws import BadInput, InfraError, error_code, translate
+from sweep.neuron.environment import COMPETITION_AMI
 from sweep.neuron.versions import (
     DLAMI_NAME,
     DLAMI_OS_NAME,
@@ -44,6 +45,11 @@ _AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 _SDK = re.compile(r"Neuron SDK (\d+(?:\.\d+)+)")
 
 
+class ParameterMissing(BadInput):
+    """The SSM parameter does not exist in the region (its name is a guess): :func:`resolve_pinned` then
+    looks the pinned release's image up with describe-images instead."""
+
+
 def resolve(ssm: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
     """The AMI id the SSM parameter holds in the client's region (the default: the TorchNeuron DLAMI)."""
     if not parameter.startswith("/"):
@@ -60,8 +66,9 @@ def resolve(ssm: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
             found = discover(ssm)
             if found is not None:
                 return resolve(ssm, found)
-        raise BadInput(f"{what} does not exist in {ssm.meta.region_name} (the {DLAMI_NAME} DLAMI is published "
-                       "per region: pick a region with trn2, or pass --ssm-parameter / --ami)") from None
+        raise ParameterMissing(f"{what} does not exist in {ssm.meta.region_name} (the {DLAMI_NAME} DLAMI is "
+                               "published per region: pick a region with trn2, or pass --ssm-parameter / --ami)"
+                               ) from None
     except BotoCoreError as e:
         raise translate(e, what) from None
     value = str(response["Parameter"]["Value"]).strip()
@@ -129,8 +136,20 @@ def pinned_release_image(ec2: Any) -> str | None:
 
 def resolve_pinned(ssm: Any, ec2: Any, parameter: str = DEFAULT_SSM_PARAMETER) -> str:
     """The AMI id to boot: the SSM parameter's image if its description names the pinned Neuron SDK, else
-    the newest TorchNeuron DLAMI of that SDK; BadInput in one line when neither exists in the region."""
-    image = resolve(ssm, parameter)
+    the newest TorchNeuron DLAMI of that SDK; BadInput in one line when neither exists in the region.
+
+    A missing parameter is no reason to stop: the pinned release's image is looked up all the same."""
+    try:
+        image: str | None = resolve(ssm, parameter)
+    except ParameterMissing:
+        image = None
+    if image is None:
+        older = pinned_release_image(ec2)
+        if older is not None:
+            return older
+        raise BadInput(f"SSM parameter {parameter} does not exist in {ec2.meta.region_name}, and it has no "
+                       f"{DLAMI_NAME} ({DLAMI_OS_NAME}) image with '{DLAMI_SDK_MARK}' in its description: "
+                       "pass --ami, or pick a region with trn2 (docs/neuron.md)")
     info = describe(ec2, image)
     found = sdk_of(info.get("Description", "")) if info else None
     if found == NEURON_SDK:
@@ -144,3 +163,13 @@ def resolve_pinned(ssm: Any, ec2: Any, parameter: str = DEFAULT_SSM_PARAMETER) -
                    f"sweep/neuron/versions.py pins, and {ec2.meta.region_name} has no {DLAMI_NAME} "
                    f"({DLAMI_OS_NAME}) image with '{DLAMI_SDK_MARK}' in its description: pass --ami, or move "
                    "the pins to that release (docs/neuron.md)")
+
+
+def competition_image(ec2: Any, image: str = COMPETITION_AMI) -> str:
+    """The competition profile's image, by id, checked with describe-images in the client's region: the kit
+    names the id, not the region, and an AMI id exists in one region only; one line where it is not visible."""
+    if describe(ec2, image) is None:
+        raise BadInput(f"the competition image {image} is not visible to describe-images in "
+                       f"{ec2.meta.region_name} (the kit names no region, and an AMI id belongs to one): pass "
+                       "--region where the organisers' image is shared with this account, or --profile latest-sdk")
+    return image

@@ -16,6 +16,7 @@ from typing import Any
 
 from infra import ami, aws, buckets, capacity, cluster, cost, iam, network, scale, secrets, sync
 from infra.aws import BadInput, InfraError
+from sweep.neuron import environment
 from sweep.redact import scrub
 
 
@@ -54,10 +55,15 @@ def cmd_render(args: argparse.Namespace) -> int:
         head_type=args.head_type, lnc=args.lnc, spot=args.spot, max_small=args.max_3xl, max_large=args.max_48xl,
         db=args.db, db_secret=args.db_secret, db_host=args.db_host, db_name=args.db_name,
         torch_pin=args.torch_pin or cluster.makefile_torch_pin(),
-        auth_token=Path(args.auth_token), out_dir=Path(args.out_dir) if args.out_dir else None)
+        auth_token=Path(args.auth_token), out_dir=Path(args.out_dir) if args.out_dir else None,
+        profile=args.profile, image_venv=args.image_venv)
     opts.check()  # flag mistakes before any AWS call
-    image = (ami.check_ami_id(args.ami) if args.ami
-             else ami.resolve_pinned(aws.client("ssm", region), aws.client("ec2", region), args.ssm_parameter))
+    if args.profile == environment.COMPETITION:  # the kit's image by id, checked where the cluster will run
+        image = ami.competition_image(aws.client("ec2", region), ami.check_ami_id(args.ami) if args.ami
+                                      else environment.COMPETITION_AMI)
+    else:
+        image = (ami.check_ami_id(args.ami) if args.ami
+                 else ami.resolve_pinned(aws.client("ssm", region), aws.client("ec2", region), args.ssm_parameter))
     if args.zones == "auto":
         types = ([args.head_type] + (["trn2.3xlarge"] if args.max_3xl else [])
                  + (["trn2.48xlarge"] if args.max_48xl else []))
@@ -72,6 +78,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     paths = cluster.write(opts)
     _emit(args, {k: str(v) for k, v in paths.items()} | {"ami": image, "zones": zones, "bucket": bucket},
           [f"cluster config: {paths['config']}", f"  image {image}, zones {', '.join(zones)}, bucket {bucket}",
+           f"  environment {args.profile}"
+           + (f" (trainers run the image venv {args.image_venv}'s python; nothing installed into it)"
+              if args.profile == environment.COMPETITION else ""),
            f"  checkout snapshot {paths['source']} (re-render after changing the code)",
            f"next: ray up {paths['config']}"])
     return 0
@@ -300,7 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("render-cluster", cmd_render, "render infra/ray/trn2.yaml into runs/aws/CLUSTER/cluster.yaml",
              json_flag=True)
     sp.add_argument("--cluster-name", default="trnsweep")
-    sp.add_argument("--ami", help="AMI id to use instead of resolving --ssm-parameter")
+    sp.add_argument("--ami", help="AMI id to use instead of resolving --ssm-parameter (or of the competition image)")
+    sp.add_argument("--profile", choices=environment.PROFILES, default=environment.COMPETITION,
+                    help=f"competition (default): the kit's image {environment.COMPETITION_AMI} and its venv, "
+                         "untouched; latest-sdk: the pinned TorchNeuron DLAMI with our pins")
+    sp.add_argument("--image-venv", default=environment.COMPETITION_VENV,
+                    help=f"competition: the image venv's name or path (default {environment.COMPETITION_VENV})")
     sp.add_argument("--ssm-parameter", default=ami.DEFAULT_SSM_PARAMETER)
     sp.add_argument("--zones", default="auto", help="comma-separated zones, or 'auto': the zones offering the types")
     sp.add_argument("--bucket", help="artifact and compile-cache bucket (default trnsweep-ACCOUNT-REGION)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from infra.aws import BadInput, InfraError
 from infra.network import group_name
+from sweep.neuron import environment
 from sweep.neuron.versions import DLAMI_VENV, NEURON_TOOLS_BIN
 
 TEMPLATE = Path(__file__).resolve().parent / "ray" / "trn2.yaml"
@@ -53,6 +54,10 @@ class Options:
     auth_token: Path = field(default_factory=lambda: Path("~/.ray/auth_token"))
     source: Path = REPO_ROOT
     out_dir: Path | None = None
+    # Where trials run (sweep/neuron/environment.py): "latest-sdk", the pinned TorchNeuron DLAMI with our pins in a
+    # worker venv layered on its own; "competition", the kit's image with its venv untouched beside the service's.
+    profile: str = environment.LATEST_SDK
+    image_venv: str = environment.COMPETITION_VENV
 
     def check(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", self.cluster_name):
@@ -72,6 +77,10 @@ class Options:
             raise BadInput(f"--torch-pin {self.torch_pin!r}: expected torch==VERSION")
         if not self.zones:
             raise BadInput("no availability zones: pass --zones a,b or --zones auto")
+        if self.profile not in environment.PROFILES:
+            raise BadInput(f"--profile must be one of {', '.join(environment.PROFILES)}, got {self.profile!r}")
+        if not re.fullmatch(r"/?[A-Za-z0-9._/-]+", self.image_venv) or ".." in self.image_venv:
+            raise BadInput(f"--image-venv {self.image_venv!r}: a venv name or absolute path")
 
 
 def cores_per_chip(lnc: int) -> int:
@@ -120,6 +129,9 @@ def env_file(opts: Options) -> str:
         'export TORCH_NEURONX_NEFF_CACHE_DIR="$NEURON_CACHE_DIR/neff"',
         'export NEURON_COMPILE_CACHE_URL="$NEURON_CACHE_DIR/xla"',
         f"export NEURON_LOGICAL_NC_CONFIG={opts.lnc}",
+        "# Where trials run (sweep/neuron/environment.py); under competition the image venv's name as well.",
+        f"export {environment.PROFILE_VAR}={opts.profile}",
+        *([f"export {environment.VENV_VAR}={opts.image_venv}"] if opts.profile == environment.COMPETITION else []),
         'case ":$PATH:" in *":$HOME/trnsweep/.venv/bin:"*) ;; *) export PATH="$HOME/trnsweep/.venv/bin:$PATH" ;; esac',
         "# The Neuron tools (neuron-ls, neuron-monitor; package aws-neuronx-tools), which sweep/neuron/ runs.",
         f'case ":$PATH:" in *":{NEURON_TOOLS_BIN}:"*) ;; *) export PATH="$PATH:{NEURON_TOOLS_BIN}" ;; esac',
@@ -142,7 +154,7 @@ def render(opts: Options, template: dict[str, Any] | None = None, source_dir: Pa
         "SOURCE": str(source_dir if source_dir is not None else opts.source),
         "AUTH_TOKEN": str(opts.auth_token),
         "TORCH_PIN": opts.torch_pin,
-        "NEURON_VENV": DLAMI_VENV,
+        **worker_setup(opts),
         "HEAD_DB_SETUP": "bash ~/trnsweep/infra/ray/head_postgres.sh" if opts.db == "head" else "",
     }
     config = _substitute(config, values)
@@ -163,6 +175,21 @@ def render(opts: Options, template: dict[str, Any] | None = None, source_dir: Pa
         raise InfraError(f"template {TEMPLATE}: unfilled placeholders {', '.join(sorted(left))}")
     validate(config)
     return config
+
+
+def worker_setup(opts: Options) -> dict[str, str]:
+    """The two worker set-up commands of the profile: the venv, then the project.
+
+    latest-sdk: a worker venv layered on the DLAMI's (worker_venv.sh), then the pinned `neuron` extra into it.
+    competition: the image venv found and only read (image_venv.sh), then the service's own venv as
+    `make install` builds it (the CPU torch, as on the head): nothing goes into the image's venv."""
+    if opts.profile == environment.COMPETITION:
+        return {"WORKER_VENV": f"bash ~/trnsweep/infra/ray/image_venv.sh '{opts.image_venv}'",
+                "WORKER_INSTALL": "cd ~/trnsweep && PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu "
+                                  f"make install TORCH_PIN='{opts.torch_pin}'"}
+    return {"WORKER_VENV": f"bash ~/trnsweep/infra/ray/worker_venv.sh '{DLAMI_VENV}'",
+            "WORKER_INSTALL": "cd ~/trnsweep && .venv/bin/pip install -q -e '.[neuron]' --extra-index-url "
+                              f"{NEURON_INDEX} --extra-index-url https://download.pytorch.org/whl/cpu"}
 
 
 def _substitute(node: Any, values: dict[str, str]) -> Any:

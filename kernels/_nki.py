@@ -95,15 +95,43 @@ def launch(kernel: Any, *args: Any) -> Any:
     """Run `kernel(*args)` at the LNC degree of `logical_cores()`; outputs come back as torch tensors.
 
     The degree is always given in brackets, `kernel[lnc](...)`, as nki.jit documents: a bare call runs at
-    LNC=1. On Neuron tensors the call goes to torch-neuronx (one graph node under torch.compile). Under
+    LNC=1. On Neuron tensors the call goes through torch-neuronx's `wrap_nki` where it exists (one graph node
+    under torch.compile; a raw call inside an `nki_op` is invisible to its tracing). Under
     NKI_SIMULATOR=1 the torch tensors go straight into `nki.simulate`, bfloat16 included (the simulator takes
     PyTorch tensors and holds bfloat16 as bfloat16: docs nki/guides/nki_simulator); the caller moves the
     outputs back to its device.
     """
-    target = kernel[logical_cores()]
+    lnc = logical_cores()
     if simulating():
-        return _to_torch(nki.simulate(target)(*args))
-    return target(*args)
+        return _to_torch(nki.simulate(kernel[lnc])(*args))
+    wrap = _wrap_nki()
+    if wrap is not None:
+        return _wrapped(wrap, kernel)[lnc](*args)
+    return kernel[lnc](*args)
+
+
+_WRAPPED: dict[int, tuple[Any, Any]] = {}
+
+
+def _wrapped(wrap: Callable[..., Any], kernel: Any) -> Any:
+    """`wrap(kernel)`, made once per kernel: TorchNeuron's `wrap_nki` traces and registers the kernel each call."""
+    held = _WRAPPED.get(id(kernel))
+    if held is None or held[0] is not kernel:
+        held = _WRAPPED[id(kernel)] = (kernel, wrap(kernel))
+    return held[1]
+
+
+def _wrap_nki() -> Callable[..., Any] | None:
+    """torch_neuronx.wrap_nki where TorchNeuron has it, else None.
+
+    TorchNeuron's `nki_op` traces its function with dispatcher-based tracing, which cannot see a raw kernel
+    call; its source calls kernels inside an `nki_op` through `wrap_nki` (a higher-order op the trace records),
+    and so does `launch` (docs/neuron.md cites the lines)."""
+    try:
+        from torch_neuronx import wrap_nki
+    except Exception:  # no TorchNeuron here, or one without wrap_nki
+        return None
+    return wrap_nki
 
 
 def _nki_op() -> Callable[..., Any] | None:

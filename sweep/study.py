@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import store as st
+from sweep.neuron import environment
 from sweep.spec import STUDIES_DIR, StudySpec
 from sweep.spec import objective as obj
 from sweep.store import artifacts
@@ -122,7 +123,14 @@ def trial_result(t: Any, objective: obj.Objective | None = None) -> dict[str, An
              "values": finite_values(t), "params": t.params, "record": record}
     if t.user_attrs.get("fail_reason"):
         d["fail_reason"] = t.user_attrs["fail_reason"]
+    d.update(environment_of(t))
     return d
+
+
+def environment_of(t: Any) -> dict[str, Any]:
+    """The environment profile (and image venv, and its versions) recorded with a trial."""
+    keys = (environment.ATTR_PROFILE, environment.ATTR_VENV, environment.ATTR_VERSIONS)
+    return {k: t.user_attrs[k] for k in keys if k in t.user_attrs}
 
 
 def best_trial(trials: list[Any], direction: str) -> Any:
@@ -232,6 +240,7 @@ def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int
     print(f"study {d['study']}: {counts or 'no trials yet'}", file=out)
     if spec.script is not None:
         print(f"  dialect: {spec.script.dialect} (script {spec.script.script})", file=out)
+    shown_env = f"environment: {environment.describe(spec.environment, study.user_attrs)}"
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     rows = []
     for row in d["trials"]:
@@ -243,12 +252,12 @@ def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int
             extra = f"retry of {t.user_attrs['retry_of']}" + (f"; {extra}" if extra else "")
         params = fmt_params(row["params"]) + (f"  [{extra}]" if extra else "")
         rows.append((str(row["number"]), row["state"], value, params))
-    if not rows:
-        return 0
-    head = ("trial", "state", "/".join(spec.objective.names), "parameters")
-    width = max(len(head[2]), *(len(r[2]) for r in rows))
-    for r in (head, *rows):
-        print(f"{r[0]:>5} {r[1]:<9} {r[2]:>{width}}  {r[3]}", file=out)
+    if rows:
+        head = ("trial", "state", "/".join(spec.objective.names), "parameters")
+        width = max(len(head[2]), *(len(r[2]) for r in rows))
+        for r in (head, *rows):
+            print(f"{r[0]:>5} {r[1]:<9} {r[2]:>{width}}  {r[3]}", file=out)
+    print(shown_env, file=out)
     return 0
 
 
@@ -266,6 +275,9 @@ def print_best(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int:
     values = [d["value"]] if "value" in d else [d["val_bpb"]]
     print(f"best: trial {d['number']} {obj.fmt_values(spec.objective, values, d['record'])}", file=out)
     print(f"  record:     {headline(d['record'], t.user_attrs, skip=spec.objective.metrics)}", file=out)
+    recorded = environment_of(t)
+    print(f"  environment: {recorded.get(environment.ATTR_PROFILE, 'not recorded')}"
+          + (f" (venv {recorded[environment.ATTR_VENV]})" if environment.ATTR_VENV in recorded else ""), file=out)
     for line in file_lines(t, spec):
         print(line, file=out)
     print("  parameters:", file=out)

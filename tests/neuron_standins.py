@@ -12,7 +12,8 @@
 ``FAKE_NEURON`` (comma-separated) breaks them the ways the preflight guards against: ``unavailable``,
 ``few-cores`` (one core), ``share-core`` (every rank on core 0), ``cache-elsewhere`` (NEFFs written
 outside the cache variable), ``no-hit`` (every compile a new NEFF), ``wrong-kernels`` (NKI outputs off
-by 10%), ``silent-monitor`` (neuron-monitor prints nothing).
+by 10%), ``silent-monitor`` (neuron-monitor prints nothing), ``model-compile-error`` (a model's graph fails
+to compile, small graphs do not).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ NEFF_DISABLE_VARS = (NEFF_DISABLE_VAR, NEFF_DISABLE_VAR_DOCS)
 _DISABLING = ("1", "true", "yes")  # what either reader takes as "disabled", case aside
 NODE_CACHE_VAR = "NEURON_CACHE_DIR"  # the node's cache root, from infra's cluster.env
 DEFAULT_NODE_CACHE = "/var/tmp/trnsweep-neuron-cache"
-MIN_CACHE_FREE_BYTES = 4 * 1024**3  # below this a compile could fill the disk, which corrupts the cache
+MIN_CACHE_FREE_BYTES = 4 * 1024**3  # below this no NEFF is added: the compiler and the trial need the room
 
 PUSH_MIN_AGE_S = 60.0  # a neighbouring trial's compile may still be writing; a later push takes the rest
 SYNC_TIMEOUT_S = 1800.0

@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from model.config import DEFAULTS, GPTConfig, OptimConfig, RunConfig
-from sweep.neuron.launch import LAUNCH_KEYS, launch_values, split_flags
+from sweep.neuron.launch import LAUNCH_KEYS, launch_values, opt_level_value, split_flags
 
 ATTR_GRAPH_KEY = "graph_key"  # trial attribute: the key of the trial's graphs
 ATTR_PRECOMPILED = "precompiled_graph_keys"  # study attribute written by `sweep precompile`
@@ -44,8 +44,9 @@ TRAINER_DEFAULTS = trainer_defaults()
 # - softcap, qk_scale, ve_gate_scale, adam_beta1, adam_beta2, x0_beta1: Python floats traced into the graphs as
 #   constants (softcap 0 and qk_scale 1 also drop an op), so another value is another NEFF even at equal shapes.
 # - tokenizer: a tokenizer file fixes the vocabulary in place of vocab_size.
-# - ranks, lnc, neuron_cc_flags (launch keys, below): world size, the compile target's logical core
-#   size and the compiler's options all change the compiled artefact.
+# - ranks, lnc, neuron_cc_flags, neuron_opt_level (launch keys, below): world size, the compile target's logical
+#   core size and the compiler's options all change the compiled artefact (TorchNeuron's own NEFF cache key holds
+#   the opt level and the flags too, docs/neuron.md).
 GRAPH_DEFAULTS: dict[str, Any] = {k: TRAINER_DEFAULTS[k] for k in (
     "vocab_size", "depth", "aspect_ratio", "model_dim", "head_dim", "n_kv_head", "mlp_ratio", "seq_len", "batch_size",
     "kernels", "compile", "device", "qk_norm", "value_embeds", "residual_scalars", "cautious_wd", "softcap",
@@ -97,6 +98,7 @@ def graph_shape(config: Mapping[str, Any], default_ranks: int = 1, env: Mapping[
     """The normalised settings :func:`graph_key` hashes (see :data:`GRAPH_DEFAULTS`)."""
     c = {**GRAPH_DEFAULTS, **{k: v for k, v in config.items() if k in GRAPH_DEFAULTS}}
     ranks, lnc, flags = launch_values(config, default_ranks, env)
+    opt_level = opt_level_value(config, env)
     model = resolved_model(c)
     return {
         "vocab_size": int(c["vocab_size"]), "depth": model.depth, "model_dim": model.model_dim,
@@ -108,6 +110,7 @@ def graph_shape(config: Mapping[str, Any], default_ranks: int = 1, env: Mapping[
         "softcap": float(c["softcap"]), "adam_beta1": float(c["adam_beta1"]), "adam_beta2": float(c["adam_beta2"]),
         "tokenizer": c["tokenizer"] or "", "ranks": ranks, "lnc": lnc,
         "neuron_cc_flags": " ".join(split_flags(flags)) if flags else "",
+        **({"neuron_opt_level": opt_level} if opt_level else {}),  # absent when unset: older keys stay as they were
         **recipe_shape(c),
     }
 

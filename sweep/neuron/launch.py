@@ -26,12 +26,16 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-LAUNCH_KEYS = ("lnc", "ranks", "neuron_cc_flags")  # study parameters the worker takes out of the trainer config
+# Study parameters the worker takes out of the trainer config. neuron_opt_level is TorchNeuron's own opt level
+# (NEURON_COMPILER_OPT_LEVEL), which it passes before NEURON_CC_FLAGS on neuronx-cc's command line (docs/neuron.md).
+LAUNCH_KEYS = ("lnc", "ranks", "neuron_cc_flags", "neuron_opt_level")
 LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 CORES_VAR = "NEURON_RT_VISIBLE_CORES"  # set by Ray for a task holding neuron_cores
 RANK_CORES_VAR = "TRNSWEEP_RANK_CORES"  # each torchrun rank's core, in local-rank order ("4,5,6,7")
 RANK_MODULE = "sweep.neuron.rank"  # what torchrun runs in each rank when RANK_CORES_VAR is set
 CC_FLAGS_VAR = "NEURON_CC_FLAGS"
+OPT_LEVEL_VAR = "NEURON_COMPILER_OPT_LEVEL"
+OPT_LEVELS = ("-O1", "-O2", "-O3")
 # neuronx-cc's spellings of its LNC option (compiler CLI reference; NCC_EVRF066 and NCC_EARG001 use --lnc):
 # refused in neuron_cc_flags, since a compiler LNC that differs from NEURON_LOGICAL_NC_CONFIG breaks kernels.
 LNC_FLAGS = ("--lnc", "-lnc", "--logical-nc-config")
@@ -172,6 +176,22 @@ def launch_values(config: Mapping[str, Any], default_ranks: int = 1,
     return ranks, lnc, flags
 
 
+def opt_level_value(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str | None:
+    """The trial's TorchNeuron opt level as the compiler takes it ("-O1".."-O3"): its config's
+    ``neuron_opt_level`` (1, 2, 3 or "-O1".."-O3"), else the spec's ``trial.env``; None leaves TorchNeuron's own
+    default (-O1 for eager ops, -O2 for torch.compile graphs)."""
+    raw = config.get("neuron_opt_level", (env or {}).get(OPT_LEVEL_VAR))
+    if raw is None or raw == "":
+        return None
+    text = str(raw).strip() if not isinstance(raw, bool) else ""
+    if re.fullmatch(r"[123]", text):
+        text = f"-O{text}"
+    if text not in OPT_LEVELS:
+        name = "neuron_opt_level" if "neuron_opt_level" in config else OPT_LEVEL_VAR
+        raise LaunchError(f"{name} must be 1, 2 or 3 (or -O1, -O2, -O3), got {raw!r}", "neuron_opt_level")
+    return text
+
+
 def split_flags(flags: str) -> list[str]:
     """Compiler flags as tokens, the way a shell would split them (on whitespace where quoting is broken)."""
     try:
@@ -180,7 +200,8 @@ def split_flags(flags: str) -> list[str]:
         return flags.split()
 
 
-_SPEC_KEY = {"ranks": "trial.ranks", "lnc": f"trial.env.{LNC_VAR}", "neuron_cc_flags": f"trial.env.{CC_FLAGS_VAR}"}
+_SPEC_KEY = {"ranks": "trial.ranks", "lnc": f"trial.env.{LNC_VAR}", "neuron_cc_flags": f"trial.env.{CC_FLAGS_VAR}",
+             "neuron_opt_level": f"trial.env.{OPT_LEVEL_VAR}"}
 
 
 def spec_fit(neuron_cores: int, ranks: int, lnc: int | None) -> str | None:
@@ -211,7 +232,7 @@ def check_spec(space: Any, neuron_cores: int, trial_ranks: int, trial_ranks_give
              **{n: "derived" for n, _ in space.derived}}
     if "ranks" in names and trial_ranks_given:
         return "trial.ranks", f"ranks is also [{where['ranks']}] ranks; keep one"
-    for key, var in (("lnc", LNC_VAR), ("neuron_cc_flags", CC_FLAGS_VAR)):
+    for key, var in (("lnc", LNC_VAR), ("neuron_cc_flags", CC_FLAGS_VAR), ("neuron_opt_level", OPT_LEVEL_VAR)):
         if key in names and var in env:
             return f"trial.env.{var}", f"the study sets [{where[key]}] {key}; keep one"
     if CORES_VAR in env:
@@ -220,12 +241,13 @@ def check_spec(space: Any, neuron_cores: int, trial_ranks: int, trial_ranks_give
         return "trial.compile_cache", f"must be an absolute path or s3://bucket/prefix, got {compile_cache!r}"
     try:  # trial.env's own LNC and compiler flags, which a study without launch keys never samples
         launch_values({}, 1, env)
+        opt_level_value({}, env)
     except LaunchError as e:
         return _SPEC_KEY[e.key or "ranks"], str(e)
     if not names & set(LAUNCH_KEYS) and not neuron_cores:
         return None
     rng = random.Random(0)
-    seen: set[tuple[Any, Any, Any]] = set()
+    seen: set[tuple[Any, ...]] = set()
     for _ in range(200):
         try:
             env_point, broken = space.complete(space.sample(rng))
@@ -239,6 +261,7 @@ def check_spec(space: Any, neuron_cores: int, trial_ranks: int, trial_ranks_give
         seen.add(combo)
         try:
             ranks, lnc, _ = launch_values(env_point, trial_ranks, env)
+            opt_level_value(env_point, env)
         except LaunchError as e:
             key = e.key or "ranks"
             return (f"{where[key]}.{key}" if key in where else _SPEC_KEY[key]), str(e)

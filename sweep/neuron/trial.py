@@ -36,11 +36,13 @@ from sweep.neuron.launch import (
     DEFAULT_NODE_LNC,
     LAUNCH_KEYS,
     LNC_VAR,
+    OPT_LEVEL_VAR,
     RANK_CORES_VAR,
     RANK_MODULE,
     format_cores,
     launch_values,
     map_ranks,
+    opt_level_value,
     parse_cores,
     to_trial_lnc,
 )
@@ -85,6 +87,10 @@ class TrialLaunch:
         if flags is not None:
             launch.env[CC_FLAGS_VAR] = flags
             attrs["neuron_cc_flags"] = flags
+        opt_level = opt_level_value(config, task_env)
+        if opt_level is not None:
+            launch.env[OPT_LEVEL_VAR] = opt_level
+            attrs["neuron_opt_level"] = opt_level
         visible = env.get(CORES_VAR)
         if visible:
             node_lnc = int(node_env.get(LNC_VAR) or DEFAULT_NODE_LNC)
@@ -125,7 +131,7 @@ class TrialLaunch:
             error = self.sync(loc.remote, loc.neff_dir, 0.0)
             if error:
                 self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
-        if free < MIN_CACHE_FREE_BYTES:  # a compile that fills the disk corrupts the shared cache
+        if free < MIN_CACHE_FREE_BYTES:  # keep the room the compiler and the trial still need (docs/neuron.md)
             # The persistent (on-disk) NEFF cache is the C++ backend's, which reads this name and exactly "1"
             # (docs/neuron.md, "Compile cache"); the other name only switches off the in-process cache.
             self.env[NEFF_DISABLE_VAR] = "1"

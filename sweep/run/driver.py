@@ -469,9 +469,11 @@ class Driver:
             config=config, budget_s=budget_s, deadline_s=spec.deadline_s - spec.budget_s + budget_s,
             eval_fractions=spec.eval_fractions, ranks=spec.ranks, trainer=spec.trainer,
             launches_ranks=spec.script is not None,
-            stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s, env=dict(spec.env), pruner=pruner,
+            stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s,
+            env={**spec.env, **spec.environment.trial_env()}, pruner=pruner,
             artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
-            attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs()}, compile_cache=spec.compile_cache,
+            attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs(), **spec.environment.attrs()},
+            compile_cache=spec.compile_cache,
             objective=spec.objective,
         )
         if self._remote is None:

@@ -4,12 +4,17 @@ Each check is run here or in a child process (the sweep imports no torch: ``mode
 ``model.preflight_train`` hold the device side), in this order; the first that fails is named with
 one line saying what fixes it, and the exit code is 1 (0 when all pass, 2 for bad input):
 
-- ``versions``: the Neuron packages installed are a set the release notes list as compatible.
+- ``environment``: under the spec's ``competition`` profile, the image venv is on this node; its versions
+  (torch, torch-neuronx, neuronx-cc, nki, runtime, collectives) are read with its own python and recorded, and
+  a node whose versions differ from the study's first node's is refused in one line naming the difference.
+- ``versions``: the Neuron packages installed are a set the release notes list as compatible (latest-sdk).
 - ``neuron_ls``: ``neuron-ls`` is on PATH and shows the cores the spec's trial reserves.
 - ``device``: ``torch.neuron.is_available()`` and ``torch.neuron.device_count()`` at the spec's LNC cover its ranks.
 - ``launch``: a tiny model trains a few steps at the spec's rank count through a trial's own launch plan
   (the supervisor, ``TrialLaunch``, torchrun); every rank says which core it holds, and each must hold
   exactly its own core of the plan, as TorchNeuron demands of a distributed run.
+- ``model_compile`` (advisory): the same tiny model under ``torch.compile(backend="neuron")`` where the spec's
+  trials compile; a failure is reported and the node joins (a compile error would refuse every node alike).
 - ``compile_cache``: one salted graph compiled twice in two processes: the first must write a NEFF where
   ``TORCH_NEURONX_NEFF_CACHE_DIR`` points, the second must find it (a hit). Where the cache lives, that it
   is writable and how it is shared are reported; a ``trial.compile_cache`` path on a local disk fails.
@@ -34,7 +39,7 @@ passes. Checks that need the device are skipped (and fail) when ``versions`` or 
 Where the spec's trials train on CUDA, :mod:`sweep.run.preflight_cuda`'s set runs instead, through the same
 ``run_checks`` and report (``--node neuron|cuda`` overrides the spec; the CLI calls its ``main``).
 
-Long file: the eight checks, each with the one-line failures and fixes a node's operator reads, stay
+Long file: the ten checks, each with the one-line failures and fixes a node's operator reads, stay
 together with the plan they share and the report the kernels read, so the whole contract is one page.
 """
 
@@ -57,7 +62,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sweep import neuron
-from sweep.neuron import versions
+from sweep.neuron import environment, versions
+from sweep.neuron.environment import Environment
 from sweep.neuron.monitor import find_tool, monitor_once
 from sweep.run.supervisor import Supervisor, TrialTask
 from sweep.store import artifacts
@@ -120,6 +126,10 @@ class Plan:
     compile_cache: str
     artifacts: str
     env: dict[str, str]
+    environment: Environment = field(default_factory=Environment)  # the spec's profile
+    python: str | None = None  # the trainer's python: the image venv's under competition, else this one
+    opt_level: str | None = None  # NEURON_COMPILER_OPT_LEVEL of the trials (neuron_opt_level), if set
+    storage: str = ""  # the study's storage URL: where the study's first node's versions are kept
 
 
 def plan_for(spec: Any, lnc: int | None = None, env: Mapping[str, str] | None = None, samples: int = 200) -> Plan:
@@ -146,7 +156,17 @@ def plan_for(spec: Any, lnc: int | None = None, env: Mapping[str, str] | None = 
                 device=str(first["device"]), compile=bool(first["compile"]), widths=(dims[0], dims[-1])
                 if dims[0] != dims[-1] else (dims[0],), vocab=max(s["vocab_size"] for s in at),
                 softcap=float(first["softcap"]), compile_cache=spec.compile_cache,
-                artifacts=artifacts.artifacts_url(spec.artifacts), env=dict(spec.env))
+                artifacts=artifacts.artifacts_url(spec.artifacts), env=dict(spec.env),
+                environment=spec.environment, python=_trainer_python(spec.environment),
+                opt_level=first.get("neuron_opt_level"))
+
+
+def _trainer_python(profile: Environment) -> str | None:
+    """The image venv's python under competition (None where it is missing: the environment check says so)."""
+    try:
+        return environment.trainer_python(profile.trial_env())
+    except environment.ProfileError:
+        return None
 
 
 # -- running the device side --------------------------------------------------------------------------
@@ -156,6 +176,8 @@ def child_env(plan: Plan, extra: Mapping[str, str] | None = None, cores: str | N
     env = {**os.environ, **plan.env, neuron.LNC_VAR: str(plan.lnc), **(extra or {})}
     if plan.flags:  # the trials' compiles use them, so the cache check's must too
         env[neuron.CC_FLAGS_VAR] = plan.flags
+    if plan.opt_level:
+        env[neuron.OPT_LEVEL_VAR] = plan.opt_level
     env.pop(neuron.CORES_VAR, None)
     if cores is not None:
         env[neuron.CORES_VAR] = cores
@@ -163,11 +185,13 @@ def child_env(plan: Plan, extra: Mapping[str, str] | None = None, cores: str | N
     return env
 
 
-def probe(args: list[str], env: Mapping[str, str], timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    """Run ``python -m model.preflight ARGS``; its JSON line, or CheckFailed saying why there is none."""
+def probe(args: list[str], env: Mapping[str, str], timeout: float = PROBE_TIMEOUT_S,
+          python: str | None = None) -> dict[str, Any]:
+    """Run ``python -m model.preflight ARGS`` (with the trainer's python where given); its JSON line, or
+    CheckFailed saying why there is none."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "model.preflight", *args], capture_output=True, text=True,
-                              timeout=timeout, env=dict(env), cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run([python or sys.executable, "-m", "model.preflight", *args], capture_output=True,
+                              text=True, timeout=timeout, env=dict(env), cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CheckFailed(f"model.preflight {args[0]} did not finish in {timeout:g} s",
                           "see what holds the device: neuron-ls, neuron-top") from None
@@ -192,7 +216,35 @@ def _fix_for(error: str) -> str:
 
 # -- the checks ---------------------------------------------------------------------------------------
 
+def check_environment(plan: Plan) -> Check:
+    """Under competition: the image venv is on this node, its versions are read and recorded, and they are the
+    versions of the study's first node (a node of another image would measure another machine)."""
+    if not plan.environment.competition:
+        return Check("environment", True, "latest-sdk: the pinned TorchNeuron set (the versions check)")
+    try:
+        python = environment.trainer_python(plan.environment.trial_env())
+        assert python is not None
+        found = environment.read_versions(python)
+    except environment.ProfileError as e:
+        raise CheckFailed(str(e), f"boot the competition image ({environment.COMPETITION_AMI}: python -m infra "
+                                  "render-cluster --profile competition) or set [environment] venv") from None
+    data: dict[str, Any] = {"profile": plan.environment.profile, "python": python, "versions": found}
+    if plan.storage:
+        try:
+            refusal, first = environment.admit(plan.storage, plan.study, found)
+        except Exception as e:  # no store reachable from here: the first trial compares instead
+            refusal, first = None, False
+            data["study"] = f"not compared: {type(e).__name__}"
+        if refusal:
+            raise CheckFailed(refusal, "boot every node of the study from one image, or start another study", data)
+        data["recorded_as_first"] = first
+    shown = ", ".join(f"{k} {v}" for k, v in sorted(found.items())) or "no Neuron package found"
+    return Check("environment", True, f"competition venv {python}: {shown}", data=data)
+
+
 def check_versions(plan: Plan) -> Check:
+    if plan.environment.competition:  # the pins are latest-sdk's; the image venv's own set is read, not judged
+        return Check("versions", True, "competition: the image venv's own set (the environment check reads it)")
     found = versions.installed_versions()
     problems = versions.problems(found)
     data = {"installed": found, "pins": versions.PINS}
@@ -221,7 +273,7 @@ def check_neuron_ls(plan: Plan) -> Check:
 
 
 def check_device(plan: Plan) -> Check:
-    out = probe(["device"], child_env(plan))
+    out = probe(["device"], child_env(plan), python=plan.python)
     if not out.get("available"):
         raise CheckFailed("torch.neuron.is_available() is False", "check the driver and runtime (neuron-ls, "
                           "aws-neuronx-runtime-lib) and that no other process holds every core", out)
@@ -232,13 +284,15 @@ def check_device(plan: Plan) -> Check:
     return Check("device", True, f"torch.neuron available, {count} NeuronCore(s) at LNC {plan.lnc}", data=out)
 
 
-def _launch_task(plan: Plan, work: Path, ranks_dir: Path) -> TrialTask:
+def _launch_task(plan: Plan, work: Path, ranks_dir: Path, compiled: bool = False) -> TrialTask:
     cores = plan.neuron_cores or -(-plan.ranks * plan.lnc // plan.node_lnc)
-    config = {**LAUNCH_MODEL, "device": plan.device, "compile": plan.compile, "ranks": plan.ranks, "lnc": plan.lnc,
+    config = {**LAUNCH_MODEL, "device": plan.device, "compile": compiled, "ranks": plan.ranks, "lnc": plan.lnc,
               "eval_tokens": LAUNCH_MODEL["batch_size"] * LAUNCH_MODEL["seq_len"] * plan.ranks,
               "final_eval_tokens": LAUNCH_MODEL["batch_size"] * LAUNCH_MODEL["seq_len"] * plan.ranks}
     if plan.flags:
         config["neuron_cc_flags"] = plan.flags
+    if plan.opt_level:
+        config["neuron_opt_level"] = plan.opt_level
     env = {**plan.env, neuron.CORES_VAR: neuron.format_cores(range(cores)), RANKS_VAR: str(ranks_dir)}
     return TrialTask(study=plan.study, storage_url="", number=0, trial_id=-1, params={}, config=config,
                      budget_s=3600.0, deadline_s=PROBE_TIMEOUT_S * 1.5, eval_fractions=(1.0,), ranks=plan.ranks,
@@ -246,9 +300,11 @@ def _launch_task(plan: Plan, work: Path, ranks_dir: Path) -> TrialTask:
                      compile_cache=plan.compile_cache, artifact_dir=str(work))
 
 
-def run_launch(task: TrialTask, ranks_dir: Path) -> tuple[Any, dict[str, Any], dict[int, dict[str, Any]]]:
-    """The tiny trial through the supervisor: its outcome, launch attributes and each rank's report."""
-    sup = Supervisor(task)
+def run_launch(task: TrialTask, ranks_dir: Path,
+               python: str | None = None) -> tuple[Any, dict[str, Any], dict[int, dict[str, Any]]]:
+    """The tiny trial through the supervisor (the trainer's python where given): its outcome, launch attributes
+    and each rank's report."""
+    sup = Supervisor(task, python=python)
     try:
         out = sup.run()
     finally:
@@ -261,10 +317,12 @@ def run_launch(task: TrialTask, ranks_dir: Path) -> tuple[Any, dict[str, Any], d
 
 
 def check_launch(plan: Plan, workdir: Path) -> Check:
+    """The launch itself, eager: a model compile that fails is the advisory ``model_compile`` check's, so it
+    never keeps a node (and so every node) out of the study."""
     ranks_dir = workdir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     task = _launch_task(plan, workdir / "trial", ranks_dir)
-    out, attrs, reports = run_launch(task, ranks_dir)
+    out, attrs, reports = run_launch(task, ranks_dir, plan.python)
     plan_cores = neuron.parse_cores(attrs["neuron_rank_cores"]) if attrs.get("neuron_rank_cores") else []
     data: dict[str, Any] = {"state": out.state, "plan": attrs.get("neuron_rank_cores"), "ranks": [
         {"rank": r["rank"], "cores": r.get("cores", r.get("cores_at_start")), "exit": r.get("exit")}
@@ -295,6 +353,21 @@ def check_launch(plan: Plan, workdir: Path) -> Check:
     steps = (out.record or {}).get("steps")
     shown = ", ".join(f"rank {k}: core {v}" for k, v in sorted(held.items()))
     return Check("launch", True, f"{plan.ranks} rank(s), {steps} step(s); {shown}", data=data)
+
+
+def check_model_compile(plan: Plan, workdir: Path) -> Check:
+    """The launch's tiny model under ``torch.compile(backend="neuron")``, as the spec's trials compile theirs."""
+    if not plan.compile:
+        return Check("model_compile", True, "the spec's trials run eager: nothing compiled")
+    ranks_dir = workdir / "ranks-compiled"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    task = _launch_task(plan, workdir / "trial-compiled", ranks_dir, compiled=True)
+    out, _, _ = run_launch(task, ranks_dir, plan.python)
+    if out.state != "COMPLETE":
+        reason = (out.reason or "no reason recorded").splitlines()[0][:300]
+        raise CheckFailed(f"the tiny model compiled ended {out.state}: {reason}",
+                          f"read {task.artifact_dir}/trainer.log", {"state": out.state})
+    return Check("model_compile", True, f"{(out.record or {}).get('steps')} compiled step(s)")
 
 
 def _core_fix() -> str:
@@ -355,7 +428,7 @@ def check_compile_cache(plan: Plan) -> Check:
     runs = []
     for _ in range(2):
         before = neuron.cache_entries([loc.neff_dir])
-        out = probe(["compile", "--device", plan.device, "--salt", repr(salt)], env)
+        out = probe(["compile", "--device", plan.device, "--salt", repr(salt)], env, python=plan.python)
         new = len(neuron.cache_entries([loc.neff_dir]) - before)
         runs.append({"new_neffs": new, "seconds": out.get("seconds")})
     data["runs"] = runs
@@ -376,7 +449,7 @@ def check_kernels(plan: Plan) -> Check:
     ratio = plan.widths[0][1] / plan.widths[0][0]
     out = probe(["kernels", "--device", plan.device, "--widths", widths, "--mlp-ratio", f"{ratio:g}",
                  "--vocab", str(plan.vocab), "--softcap", f"{plan.softcap:g}", "--tol", f"{TOLERANCE:g}"],
-                child_env(plan, cores="0"))
+                child_env(plan, cores="0"), python=plan.python)
     rows = out.get("results") or []
     data = {"lnc": plan.lnc, "tol": TOLERANCE, **out}
     bad = [r for r in rows if not r.get("ok")]
@@ -443,23 +516,28 @@ def check_artifacts(plan: Plan, s3_client: Any = None) -> Check:
 
 # -- the run ------------------------------------------------------------------------------------------
 
-NEEDS_DEVICE = ("launch", "compile_cache", "kernels")
+NEEDS_DEVICE = ("launch", "model_compile", "compile_cache", "kernels")
 # Checks whose failure a node survives: trials run kernels = "auto", which falls back to the PyTorch ops
 # wherever the kernels check did not pass (model/kernel_choice.py), so one NKI problem never keeps a node out.
-ADVISORY = ("kernels",)
-ADVISORY_EFFECT = {"kernels": 'run the PyTorch ops (kernels = "auto" records why)'}
+# A model that fails to compile on a node fails the same way on every node of the same image: refusing the
+# node would keep every node out of the study, while each trial that hits it fails alone with its error.
+ADVISORY = ("kernels", "model_compile")
+ADVISORY_EFFECT = {"kernels": 'run the PyTorch ops (kernels = "auto" records why)',
+                   "model_compile": "that compile may fail, each alone, with the compiler's error in its record"}
 
 
 def run_checks(plan: Plan, workdir: Path, checks: Mapping[str, Callable[[], Check]] | None = None) -> list[Check]:
     """Every check in order; a device check is skipped (and fails) once versions or device failed."""
     checks = checks or {
-        "versions": lambda: check_versions(plan), "neuron_ls": lambda: check_neuron_ls(plan),
+        "environment": lambda: check_environment(plan), "versions": lambda: check_versions(plan),
+        "neuron_ls": lambda: check_neuron_ls(plan),
         "device": lambda: check_device(plan), "launch": lambda: check_launch(plan, workdir),
+        "model_compile": lambda: check_model_compile(plan, workdir),
         "compile_cache": lambda: check_compile_cache(plan), "kernels": lambda: check_kernels(plan),
         "monitor": lambda: check_monitor(plan), "artifacts": lambda: check_artifacts(plan)}
     done: list[Check] = []
     for name, fn in checks.items():
-        blocker = next((c for c in done if c.name in ("versions", "device") and not c.ok), None)
+        blocker = next((c for c in done if c.name in ("environment", "versions", "device") and not c.ok), None)
         if name in NEEDS_DEVICE and blocker is not None:
             done.append(Check(name, False, f"skipped: the {blocker.name} check failed",
                               f"fix the {blocker.name} check first"))
@@ -525,7 +603,7 @@ def main(spec: Any, url: str | None, args: argparse.Namespace, out: TextIO, chec
     from sweep.study import UsageError
 
     try:
-        plan = plan_for(spec, args.lnc)
+        plan = replace(plan_for(spec, args.lnc), storage=url or "")
     except (ValueError, neuron.LaunchError) as e:
         raise UsageError(str(e)) from None
     t0 = time.monotonic()

@@ -13,10 +13,12 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sweep import store as st
+from sweep.neuron import environment
 from sweep.run import liveness, notes
 from sweep.run.outcome import (
     ATTR_ARTIFACT_ERROR,
@@ -49,8 +51,17 @@ def run_trial(task: TrialTask) -> Outcome:
     """Supervise one trial end to end and record its outcome in the study. Never raises for trainer
     trouble; raises only if the study itself cannot be reached."""
     t0 = time.monotonic()
+    # Under the competition profile the trainer runs with the image venv's python (sweep.neuron.environment);
+    # a node without that venv is refused before the trial is marked started.
+    python = environment.trainer_python(task.env)
+    if python is not None:  # competition: the image venv's versions, recorded, and the study's first node's
+        found = environment.read_versions(python)
+        refusal, _ = environment.admit(task.storage_url, task.study, found, role="worker")
+        if refusal:
+            raise environment.ProfileError(refusal)
+        task = replace(task, attrs={**task.attrs, environment.ATTR_VERSIONS: found})
     study, trial = open_trial(task)
-    sup = Supervisor(task, reporter=OptunaReporter(study, trial, task))
+    sup = Supervisor(task, reporter=OptunaReporter(study, trial, task), python=python)
     sup.marks["opened"] = time.monotonic() - t0
     # The commit of the code this trial runs, asked of git beside the launch, off the critical path.
     version: dict[str, Any] = {}

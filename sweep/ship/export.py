@@ -44,7 +44,7 @@ from typing import Any, TextIO
 
 from model.config import ConfigError, RunConfig, parse_config
 from sweep import neuron
-from sweep.ship import bundle
+from sweep.ship import bundle, rehearse
 from sweep.spec import objective as obj
 from sweep.store.artifacts import code_version
 from sweep.study import best_trial, fail, load_study, parse_seconds
@@ -87,6 +87,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the files into")
     p.add_argument("--budget-s", type=parse_seconds, default=COMPETITION_BUDGET_S, metavar="N",
                    help=f"charged training seconds baked in (default {COMPETITION_BUDGET_S:g}, the competition's)")
+    p.add_argument("--cold-rehearsal", action="store_true", help="first run the candidate once on an empty compile "
+                   "cache, here (a competition node for the scorer's figure), and report its cold start-up")
+    p.add_argument("--margin-s", type=parse_seconds, default=rehearse.DEFAULT_MARGIN_S, metavar="S",
+                   help=f"cold start-up over this is said and marked (default {rehearse.DEFAULT_MARGIN_S:g}; the "
+                        f"kit's cap is {rehearse.STARTUP_CAP_S:g})")
 
 
 def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
@@ -94,7 +99,12 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
     try:
         study = load_study(spec, url)
         trial = pick_trial(study, args.trial, spec.objective)
+        if getattr(args, "cold_rehearsal", False):
+            cold_rehearsal(spec, study, trial, args.out, args.margin_s, out)
         result = export(spec, study.study_name, trial, args.out, args.budget_s)
+    except rehearse.RehearsalError as e:
+        fail(str(e), url)
+        return 1
     except ExportError as e:
         fail(str(e), url)
         return 2
@@ -111,6 +121,24 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
           f"launch: {p['launch']}", file=out,
           flush=True)
     return 0
+
+
+def cold_rehearsal(spec: Any, study: Any, t: Any, out_dir: Path, margin_s: float, out: TextIO) -> dict[str, Any]:
+    """The candidate's trainer config with the launch it trained with, once on an empty compile cache; one line,
+    and the rehearsal recorded in the study (sweep/ship/rehearse.py)."""
+    if spec.script is not None:
+        raise ExportError("--cold-rehearsal runs our trainer's configurations; a script study's is its own")
+    ranks, lnc, flags = launch_shape(spec, t)
+    config = {**(record_config(t) or {}), "ranks": ranks, **({"lnc": lnc} if lnc else {}),
+              **({"neuron_cc_flags": flags} if flags else {})}
+    if t.user_attrs.get("neuron_opt_level"):
+        config["neuron_opt_level"] = t.user_attrs["neuron_opt_level"]
+    work = out_dir.parent / f".{out_dir.name}-cold-rehearsal"
+    work.mkdir(parents=True, exist_ok=True)
+    result = rehearse.rehearse(spec, config, work, margin_s, t.number)
+    rehearse.mark(study, t.number, result)
+    print(rehearse.verdict_line(t.number, result), file=out, flush=True)
+    return result
 
 
 # -- choosing the trial ----------------------------------------------------------------------------
@@ -204,6 +232,15 @@ def competition_shape(spec: Any, t: Any) -> tuple[int, int, str | None]:
     return neuron.CORES_PER_CHIP // lnc, lnc, flags
 
 
+def launch_env_of(flags: str | None, t: Any) -> dict[str, str]:
+    """The compiler settings the trial trained with, for the submission's environment: its NEURON_CC_FLAGS and
+    the native stack's opt level (neuron_opt_level), where it set them."""
+    env = {neuron.CC_FLAGS_VAR: flags} if flags else {}
+    if t.user_attrs.get("neuron_opt_level"):
+        env[neuron.OPT_LEVEL_VAR] = str(t.user_attrs["neuron_opt_level"])
+    return env
+
+
 def launch_line(ranks: int, lnc: int) -> str:
     return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={ranks} train.py"
 
@@ -232,7 +269,7 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         parse_config(config)
     except ConfigError as e:
         raise ExportError(f"trial {t.number}: train.py would refuse its configuration: {e}") from None
-    launch_env = {neuron.CC_FLAGS_VAR: flags} if flags else {}
+    launch_env = launch_env_of(flags, t)
     version = code_version(root)
     trained_version = {k: t.user_attrs[k] for k in ("git_commit", "git_dirty") if k in t.user_attrs}
     warnings = []
@@ -317,7 +354,7 @@ def export_script(spec: Any, study_name: str, t: Any, out_dir: Path, root: Path 
         "values": dict(zip(spec.objective.names, t.values or (), strict=False)),
         "objective": spec.objective.describe(), "script": str(script.script), "script_sha256": now,
         "constants": script.trainer_config(flat)["constants"], "trained_budget_s": t.user_attrs.get("budget_s"),
-        "launch": launch, "ranks": ranks, "lnc": lnc, "launch_env": {neuron.CC_FLAGS_VAR: flags} if flags else {},
+        "launch": launch, "ranks": ranks, "lnc": lnc, "launch_env": launch_env_of(flags, t),
         "code_version": code_version(root), "spec_hash": t.user_attrs.get("spec_hash"),
         "train_py_sha256": hashlib.sha256(data).hexdigest(), "train_py_bytes": len(data),
         "upload_limit_bytes": bundle.UPLOAD_LIMIT_BYTES,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep import neuron
+from sweep.neuron.environment import COMPETITION_VENV, DEFAULT_PROFILE, PROFILES, Environment
 from sweep.spec import expr
 from sweep.spec import objective as obj
 from sweep.spec import script as script_spec
@@ -89,6 +90,7 @@ class StudySpec:
     max_failures_in_a_row: int = 5
     infra_wait_s: float = 600.0
     script: script_spec.ScriptSpec | None = None  # a study of a team's own script (sweep.spec.script)
+    environment: Environment = field(default_factory=Environment)  # [environment]: where trials run
 
     def trainer_config(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The config the trainer gets for a trial's parameters: the space's flat dict, or, for a study of a
@@ -136,7 +138,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     """Validate an already-decoded spec; ``path`` is used in messages and for the default name."""
     r = SpecReader(path)
     root = r.table(data, "", {"study", "trial", "sampler", "pruner", "fixed", "params", "derived", "constraints",
-                              "objective"})
+                              "objective", "environment"})
     study = r.table(root.get("study", {}), "study",
                     {"name", "direction", "n_trials", "concurrency", "max_concurrency", "seed", "storage", "artifacts",
                      "storage_proxy", "cost_cap_usd", "max_failures_in_a_row", "infra_wait_s"})
@@ -225,9 +227,21 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
         resources=resources, sampler=sampler, pruner=pruner, space=space, storage_proxy=storage_proxy,
         compile_cache=compile_cache, cost_cap_usd=cost_cap_usd, objective=objective, chips=chips,
         max_concurrency=max_concurrency, max_failures_in_a_row=max_failures_in_a_row, infra_wait_s=infra_wait_s,
-        script=script,
+        script=script, environment=_environment(r, root.get("environment", {})),
     )
     return spec
+
+
+def _environment(r: SpecReader, raw: Any) -> Environment:
+    """``[environment]``: ``profile`` (competition or latest-sdk) and, for competition, the image venv's name."""
+    table = r.table(raw, "environment", {"profile", "venv"})
+    profile = r.choice(table, "environment.profile", PROFILES, default=DEFAULT_PROFILE)
+    venv = r.string(table, "environment.venv", default=COMPETITION_VENV)
+    if not venv or any(c.isspace() for c in venv):
+        raise r.error("environment.venv", f"must be a venv name or absolute path without spaces, got {venv!r}")
+    if "venv" in table and profile != "competition":
+        raise r.error("environment.venv", "goes with profile = \"competition\" (latest-sdk builds its own venv)")
+    return Environment(profile=profile, venv=venv)
 
 
 def _text(path: Path) -> str:

@@ -436,3 +436,21 @@ def test_no_image_of_the_pinned_release_is_refused_in_one_line(aws, monkeypatch,
     assert "\n" not in message and f"resolves to {latest}" in message and "not Neuron 2.33.0" in message
     assert ("Neuron SDK 2.34.0 in its description" in message) == latest.endswith("a340")
     assert "pass --ami" in message
+
+
+def test_a_missing_ssm_parameter_falls_back_to_the_pinned_releases_image(aws, monkeypatch):
+    """The parameter's name is a guess: where it does not exist, describe-images still finds the pinned image."""
+    from sweep.neuron import versions
+
+    publish(monkeypatch, dlami("ami-0000000000000a341", "2.34.0", day="20261130"),
+            dlami("ami-0000000000000a333", versions.NEURON_SDK, day="20261105"))
+    ssm, ec2 = boto3.client("ssm", region_name=REGION), boto3.client("ec2", region_name=REGION)
+    assert ami.resolve_pinned(ssm, ec2, "/test/neuron/dlami/absent/image_id") == "ami-0000000000000a333"
+
+
+def test_a_missing_ssm_parameter_and_no_pinned_image_is_refused_in_one_line(aws, monkeypatch):
+    publish(monkeypatch, dlami("ami-0000000000000a341", "2.34.0", day="20261130"))
+    ssm, ec2 = boto3.client("ssm", region_name=REGION), boto3.client("ec2", region_name=REGION)
+    with pytest.raises(BadInput) as e:
+        ami.resolve_pinned(ssm, ec2, "/test/neuron/dlami/absent/image_id")
+    assert "\n" not in str(e.value) and "does not exist in us-east-2" in str(e.value) and "pass --ami" in str(e.value)

@@ -207,8 +207,8 @@ def test_cli_render(moto_aws, tmp_path, capsys, monkeypatch):
     ssm.put_parameter(Name="/test/neuron/image_id", Value=AMI, Type="String")
     token = tmp_path / "tok"
     token.write_text("t")
-    args = ["render-cluster", "--ssm-parameter", "/test/neuron/image_id", "--bucket", "b-1", "--auth-token", str(token),
-            "--out-dir", str(tmp_path / "out")]
+    args = ["render-cluster", "--profile", "latest-sdk", "--ssm-parameter", "/test/neuron/image_id", "--bucket", "b-1",
+            "--auth-token", str(token), "--out-dir", str(tmp_path / "out")]
     # moto's offering table lacks trn2.3xlarge: --zones auto then reports where nothing is offered.
     assert main(args) == 2
     assert "trn2.3xlarge: nowhere" in capsys.readouterr().err
@@ -228,8 +228,8 @@ def test_a_cluster_rendered_after_latest_moved_on_boots_the_pinned_release(moto_
     ssm.put_parameter(Name="/test/neuron/image_id", Value="ami-0000000000000a340", Type="String")
     token = tmp_path / "tok"
     token.write_text("t")
-    args = ["render-cluster", "--ssm-parameter", "/test/neuron/image_id", "--bucket", "b-1", "--auth-token", str(token),
-            "--out-dir", str(tmp_path / "out"), "--zones", "us-east-2a", "--json"]
+    args = ["render-cluster", "--profile", "latest-sdk", "--ssm-parameter", "/test/neuron/image_id", "--bucket", "b-1",
+            "--auth-token", str(token), "--out-dir", str(tmp_path / "out"), "--zones", "us-east-2a", "--json"]
     assert main(args) == 0
     data = json.loads(capsys.readouterr().out)
     config = yaml.safe_load(Path(data["config"]).read_text())
@@ -242,8 +242,69 @@ def test_a_cluster_rendered_after_latest_moved_on_boots_the_pinned_release(moto_
     assert "\n" not in err and "ami-0000000000000a340" in err and "Neuron SDK 2.34.0" in err
 
 
+def test_a_competition_cluster_boots_the_kits_image_and_installs_nothing_into_its_venv(tmp_path):
+    """The rendered files: every node the image by id; the workers find the image venv and only read it, the
+    service gets its own venv (make install), and no command pip-installs into, or builds on, the image venv."""
+    from sweep.neuron import environment
+
+    opts = options(tmp_path, ami=environment.COMPETITION_AMI, profile="competition")
+    cfg = cluster.render(opts)
+    assert {n["node_config"]["ImageId"] for n in cfg["available_node_types"].values()} == {"ami-0d5703e99c1589f8d"}
+    workers = cfg["worker_setup_commands"]
+    assert workers[0] == f"bash ~/trnsweep/infra/ray/image_venv.sh '{environment.COMPETITION_VENV}'"
+    assert "make install TORCH_PIN='torch==2.13.0'" in workers[1] and workers[1].startswith("cd ~/trnsweep && ")
+    everything = yaml.safe_dump(cfg)
+    assert "worker_venv.sh" not in everything and ".[neuron]" not in everything and "/opt/aws_neuronx_venv" not in \
+        everything
+    for command in workers + cfg["setup_commands"] + cfg["worker_start_ray_commands"]:
+        if environment.COMPETITION_VENV in command:  # the one command naming the venv only looks for it
+            assert command == workers[0]
+    env = cluster.env_file(opts)
+    assert "export TRNSWEEP_ENV_PROFILE=competition" in env
+    assert f"export TRNSWEEP_IMAGE_VENV={environment.COMPETITION_VENV}" in env
+    latest = cluster.env_file(options(tmp_path))
+    assert "export TRNSWEEP_ENV_PROFILE=latest-sdk" in latest and "TRNSWEEP_IMAGE_VENV" not in latest
+    with pytest.raises(BadInput):
+        cluster.render(options(tmp_path, profile="scorer"))
+
+
+def test_image_venv_finds_the_venv_by_name_and_writes_nothing(tmp_path):
+    home = tmp_path / "home"
+    venv = home / "neurips-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    before = sorted(str(p) for p in venv.rglob("*"))
+    script = str(cluster.TEMPLATE.parent / "image_venv.sh")
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(["bash", script, "neurips-venv"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(venv / "bin" / "python")
+    assert subprocess.run(["bash", script, str(venv)], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == str(venv / "bin" / "python")
+    assert sorted(str(p) for p in venv.rglob("*")) == before
+    missing = subprocess.run(["bash", script, "other"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "no venv other" in missing.stderr
+
+
+def test_cli_render_competition_checks_the_image_in_the_region(moto_aws, tmp_path, capsys, monkeypatch):
+    from sweep.neuron import environment
+
+    publish(monkeypatch, dlami(environment.COMPETITION_AMI, "2.31.0", name="neurips competition image"))
+    token = tmp_path / "tok"
+    token.write_text("t")
+    args = ["render-cluster", "--bucket", "b-1", "--auth-token", str(token), "--out-dir", str(tmp_path / "out"),
+            "--zones", "us-east-2a", "--json"]
+    assert main(args) == 0  # the default profile: competition
+    data = json.loads(capsys.readouterr().out)
+    assert data["ami"] == environment.COMPETITION_AMI
+    config = yaml.safe_load(Path(data["config"]).read_text())
+    assert config["worker_setup_commands"][0].startswith("bash ~/trnsweep/infra/ray/image_venv.sh")
+    boto3.client("ec2", region_name=REGION).deregister_image(ImageId=environment.COMPETITION_AMI)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "ami-0d5703e99c1589f8d is not visible to describe-images in us-east-2" in err
+
+
 def test_node_scripts_parse():
-    for script in ("head_postgres.sh", "node_sync.sh", "worker_venv.sh"):
+    for script in ("head_postgres.sh", "node_sync.sh", "worker_venv.sh", "image_venv.sh"):
         subprocess.run(["bash", "-n", str(cluster.TEMPLATE.parent / script)], check=True)
 
 

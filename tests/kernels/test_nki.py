@@ -68,3 +68,32 @@ def test_a_training_step_compiles_to_one_graph_with_the_ops_as_nodes(fake_nki, i
     graph_ops = {str(n.target) for g in counter.graphs for n in g.graph.nodes if n.op == "call_function"}
     assert {f"trnsweep.rmsnorm_{impl}.default", f"trnsweep.relu2_mlp_{impl}.default",
             f"trnsweep.softcap_ce_{impl}.default"} <= graph_ops
+
+
+def test_launch_calls_kernels_through_torch_neuronx_wrap_nki_where_it_exists(monkeypatch):
+    """Inside an nki_op TorchNeuron's tracing cannot see a raw kernel call; its source wraps kernels in
+    wrap_nki (a higher-order op), so launch does too, once per kernel, at the node's LNC degree."""
+    monkeypatch.delenv("NKI_SIMULATOR", raising=False)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    calls: list[tuple[object, ...]] = []
+
+    class Launcher:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def __getitem__(self, lnc: int):
+            return lambda *args: calls.append((self.tag, lnc, args)) or self.tag
+
+    kernel = Launcher("raw")
+    wrapped: list[object] = []
+
+    def wrap_nki(k):
+        wrapped.append(k)
+        return Launcher("wrapped")
+
+    monkeypatch.setattr(_nki, "_WRAPPED", {})
+    monkeypatch.setattr(_nki, "_wrap_nki", lambda: wrap_nki)
+    assert _nki.launch(kernel, 1) == "wrapped" and _nki.launch(kernel, 2) == "wrapped"
+    assert wrapped == [kernel] and calls == [("wrapped", 2, (1,)), ("wrapped", 2, (2,))]
+    monkeypatch.setattr(_nki, "_wrap_nki", lambda: None)  # no TorchNeuron: the kernel itself
+    assert _nki.launch(kernel, 3) == "raw" and calls[-1] == ("raw", 2, (3,))

@@ -53,6 +53,7 @@ def test_status_rows_have_a_header(tmp_path, monkeypatch, capsys):
     assert lines[1].split() == ["trial", "state", "val_bpb", "parameters"]
     assert lines[2].split()[:3] == ["0", "COMPLETE", "2.2500"]
     assert lines[1].index("val_bpb") + len("val_bpb") == lines[2].index("2.2500") + len("2.2500")  # aligned
+    assert lines[-1] == "environment: latest-sdk"  # the spec's profile (sweep.neuron.environment)
 
 
 def test_best_prints_the_record_headline_and_where_the_checkpoint_is(tmp_path, monkeypatch, capsys):

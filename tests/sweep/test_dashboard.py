@@ -101,6 +101,7 @@ def test_api_lists_the_study_its_trials_and_their_learning_curves(swept, server)
                     "device", "val_bpb"):
             assert key in attrs, key
         assert attrs["spec_hash"] == spec_hash(swept.spec)
+        assert attrs["environment"] == "latest-sdk"  # the spec's profile, recorded with every trial
         assert re.fullmatch(r"[0-9a-f]{40}", attrs["git_commit"])
         assert {p["name"] for p in t["params"]} == {"depth", "model_dim", "matrix_lr"}
     for t in trials:  # each trial's note: its headline figures, above everything else on its page

@@ -28,7 +28,9 @@ CPU; what the stand-in adds is the bookkeeping that decides whether the real one
   python_ops/compilation/cache.py:38). The key's hash function differs (XXH3-128 there, BLAKE2b-128 here).
 
 ``FAKE_NEURON`` (comma-separated, tests/neuron_standins.py) breaks it the ways the preflight guards against:
-``unavailable``, ``few-cores``, ``share-core`` (every rank given core 0), ``cache-elsewhere``, ``no-hit``.
+``unavailable``, ``few-cores``, ``share-core`` (every rank given core 0), ``cache-elsewhere``, ``no-hit``,
+``model-compile-error`` (a graph of more than :data:`SMALL_GRAPH_NODES` nodes fails as neuronx-cc's failures
+reach a compile, [T] ``csrc/core/KernelExecution.cpp``'s "compilation failed for op", while small graphs compile).
 """
 
 from __future__ import annotations
@@ -275,12 +277,15 @@ def _atomic_write(path: str, data: bytes) -> None:
 
 
 COMPILED: list[str] = []  # keys compiled by this process (misses)
+SMALL_GRAPH_NODES = 40
 
 
 def _backend(gm: Any, example_inputs: Any) -> Any:
     cache_dir = os.environ.get(NEFF_CACHE_VAR) or DEFAULT_NEFF_CACHE  # PersistentCacheBackend.cpp:22-28
     if "cache-elsewhere" in MODES:
         cache_dir = os.environ["FAKE_NEURON_ELSEWHERE"]
+    if "model-compile-error" in MODES and len(gm.graph.nodes) > SMALL_GRAPH_NODES:
+        raise RuntimeError("HLO to NEFF compilation failed for op 'torch_compile': neuronx-cc exited 70")
     key = _cache_key(gm.code)
     path = _sharded_path(cache_dir, key)
     if _persistent_cache_disabled() or not os.path.exists(path):

@@ -257,6 +257,7 @@ def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
     assert neuron.graph_key({**base, "model_dim": 0, "aspect_ratio": 64}) == key  # 4 x 64 = 256
     assert neuron.graph_key({**base, "n_kv_head": 4}) == key  # one KV head per query head anyway
     assert neuron.graph_key({**base, "neuron_cc_flags": " --optlevel=1 "}) == key
+    assert neuron.graph_key({**base, "neuron_opt_level": "-O1"}) == neuron.graph_key({**base, "neuron_opt_level": 1})
     assert neuron.graph_key({k: v for k, v in base.items() if k != "ranks"}, default_ranks=4) == key
     for k, v in {"matrix_lr": 0.05, "weight_decay": 0.1, "warmdown_ratio": 0.3, "grad_accum": 4, "seed": 3,
                  "rope_base": 5e5, "eval_tokens": 1, "budget_s": 9, "head_init_std": 0.01, "x0_init": 0.2,
@@ -269,7 +270,7 @@ def test_graph_key_is_stable_and_changes_exactly_with_what_is_compiled():
                "residual_scalars": False, "cautious_wd": False, "softcap": 0.0, "adam_beta1": 0.9,
                "adam_beta2": 0.99, "tokenizer": "/data/tok.json", "qk_scale": 1.2, "ve_gate_channels": 12,
                "ve_gate_scale": 3.0, "window_pattern": "L", "short_window": 64, "smear": True, "backout": True,
-               "normuon": False, "x0_beta1": 0.9}
+               "normuon": False, "x0_beta1": 0.9, "neuron_opt_level": 1}
     keys = {k: neuron.graph_key({**base, k: v}) for k, v in changes.items()}
     assert key not in keys.values() and len(set(keys.values())) == len(keys)
     assert set(changes) == set(neuron.GRAPH_INPUTS) - {"aspect_ratio"}
@@ -512,3 +513,25 @@ def test_precompile_runs_one_compile_only_trainer_per_shape(tmp_path, data_cache
         events = (tmp_path / "art" / "pc" / "precompile" / s.key / "events.jsonl").read_text().splitlines()
         result = json.loads(events[-1])
         assert result["status"] == "ok" and result["steps"] == 4  # excluded_steps 3 + 1
+
+
+def test_the_native_stacks_opt_level_is_a_launch_key_recorded_and_set_for_the_compiler(tmp_path):
+    """neuron_opt_level (NEURON_COMPILER_OPT_LEVEL) is searched, checked and set like neuron_cc_flags."""
+    assert "neuron_opt_level" in neuron.LAUNCH_KEYS
+    assert [neuron.opt_level_value({"neuron_opt_level": v}) for v in (1, "2", "-O3")] == ["-O1", "-O2", "-O3"]
+    assert neuron.opt_level_value({}, {"NEURON_COMPILER_OPT_LEVEL": "-O1"}) == "-O1"
+    assert neuron.opt_level_value({}) is None
+    with pytest.raises(neuron.LaunchError, match="neuron_opt_level must be 1, 2 or 3"):
+        neuron.opt_level_value({"neuron_opt_level": "--optlevel=1"})
+    config = {"model_dim": 128, "neuron_opt_level": 1, "neuron_cc_flags": "--optlevel=1"}
+    launch = neuron.TrialLaunch.prepare(config, 1, {}, str(tmp_path / "cache"), node_env={})
+    assert launch.env["NEURON_COMPILER_OPT_LEVEL"] == "-O1" and launch.env["NEURON_CC_FLAGS"] == "--optlevel=1"
+    assert launch.attrs["neuron_opt_level"] == "-O1" and launch.config == {"model_dim": 128}
+    assert launch.attrs["graph_key"] != neuron.graph_key({**config, "neuron_opt_level": 2})
+    launch.close()
+    spec = {"study": {"n_trials": 1}, "trial": {"budget_s": 4, "eval_timeout_s": 20},
+            "params.neuron_opt_level": {"type": "categorical", "choices": [1, 2]}}  # searched like any knob
+    assert load(write_spec(tmp_path, "opt", spec)).space.params[0].name == "neuron_opt_level"
+    with pytest.raises(SpecError, match="neuron_opt_level must be 1, 2 or 3"):
+        load(write_spec(tmp_path, "opt", {**spec, "params.neuron_opt_level": {"type": "categorical",
+                                                                              "choices": [1, 5]}}))

@@ -82,7 +82,8 @@ def test_every_check_passes_end_to_end_against_the_standins(node, s3, monkeypatc
     assert report == json.loads((node / "report.json").read_text())
     assert report["ok"] and report["first_failure"] is None and report["lnc"] == 2 and report["ranks"] == 2
     names = [c["name"] for c in report["checks"]]
-    assert names == ["versions", "neuron_ls", "device", "launch", "compile_cache", "kernels", "monitor", "artifacts"]
+    assert names == ["environment", "versions", "neuron_ls", "device", "launch", "model_compile", "compile_cache",
+                     "kernels", "monitor", "artifacts"]
     checks = {c["name"]: c for c in report["checks"]}
     assert all(c["ok"] for c in checks.values()), checks
     assert "rank 0: core 0, rank 1: core 1" in checks["launch"]["detail"]
@@ -92,7 +93,7 @@ def test_every_check_passes_end_to_end_against_the_standins(node, s3, monkeypatc
         (k, w, m) for k, w in (("rms_norm", 128), ("relu2_mlp", 128), ("rms_norm", 256), ("relu2_mlp", 256),
                                ("softcap_cross_entropy", 512)) for m in ("eager", "compiled"))
     assert report["advisory_failures"] == [] and [c["name"] for c in report["checks"] if not c["required"]] == \
-        ["kernels"]
+        ["model_compile", "kernels"]
     assert all(r["err"] <= pf.TOLERANCE for r in checks["kernels"]["data"]["results"])
     s3.head_object(Bucket="trn-bucket", Key=f"artifacts/_preflight/{socket.gethostname()}.json")
     for name in names:
@@ -136,6 +137,23 @@ def test_a_node_whose_only_failure_is_advisory_joins(node, monkeypatch, capsys):
     assert "advisory check kernels failed" in err and "every required check passed" in err
     assert preflight_verdict(2, node / "report.json") == (False, f"the preflight's kernels check failed on this node "
                                                            f"({node / 'report.json'})")
+
+
+def test_a_model_that_fails_to_compile_is_advisory_and_the_node_joins(node, monkeypatch, capsys):
+    """A full model's compile error would fail every node of the image alike: the launch is checked eager, the
+    compile apart and advisory, so the node joins and each trial that compiles fails (or falls back) alone."""
+    monkeypatch.setenv("FAKE_NEURON", "model-compile-error")
+    monkeypatch.setenv("SWEEP_ARTIFACTS", str(node / "artifacts"))
+    out = io.StringIO()
+    spec = write_spec(node, "pf", {**SPEC, "fixed": {**SPEC["fixed"], "compile": True}})
+    assert cli.main(["preflight", str(spec)], out=out) == 0, out.getvalue()
+    report = json.loads((node / "report.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["ok"] and "model_compile" in report["advisory_failures"]
+    assert checks["launch"]["ok"] and checks["compile_cache"]["ok"], checks
+    assert not checks["model_compile"]["required"]
+    assert checks["model_compile"]["detail"].startswith("the tiny model compiled ended FAIL")
+    assert "advisory check model_compile failed" in capsys.readouterr().err
 
 
 def test_bad_input_is_exit_2(node, capsys):
@@ -274,3 +292,54 @@ def test_children_get_the_trials_lnc_flags_and_one_core(node, monkeypatch):
         ("2", "--optlevel=1", "0")
     assert env["NEURON_RT_ASYNC"] == "1" and str(pf.REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep)
     assert "NEURON_RT_VISIBLE_CORES" not in pf.child_env(plan(node))
+
+
+# -- the competition profile: the image venv's versions, and the study's first node --------------------------
+
+def _image_venv(root: Path, versions: dict[str, str]) -> Path:
+    """A stand-in image venv whose python answers the version read with these versions (fabricated)."""
+    python = root / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho '{json.dumps(versions)}'\n")
+    python.chmod(0o755)
+    return root
+
+
+FIRST = {"torch": "2.11.0", "torch-neuronx": "2.11.3.0", "neuronx-cc": "2.26.1.0", "nki": "0.5.0",
+         "aws-neuronx-runtime-lib": "2.33.10.0", "aws-neuronx-collectives": "2.33.10.0"}
+
+
+def test_a_node_whose_image_venv_differs_from_the_studys_first_node_is_refused_in_one_line(tmp_path):
+    import optuna
+
+    from sweep import store as st
+
+    url = st.resolve_url(f"journal:{tmp_path / 'j.log'}")
+    optuna.create_study(study_name="pf", storage=st.open_storage(url))
+    first, other = _image_venv(tmp_path / "a", FIRST), _image_venv(tmp_path / "b", {**FIRST, "neuronx-cc": "2.28.0.0"})
+
+    def competition_plan(venv: Path) -> pf.Plan:
+        sections = {**SPEC, "environment": {"profile": "competition", "venv": str(venv)}}
+        return replace(pf.plan_for(load(write_spec(tmp_path, "pf", sections))), storage=url)
+
+    plan = competition_plan(first)
+    assert plan.python == str(first / "bin" / "python")  # trials' trainers and the probes run with it
+    c = pf.check_environment(plan)
+    assert c.ok and c.data["versions"] == FIRST and c.data["recorded_as_first"]
+    study = optuna.load_study(study_name="pf", storage=st.open_storage(url))
+    assert study.user_attrs["environment_versions"] == FIRST
+    assert pf.check_environment(plan).data["recorded_as_first"] is False  # the same image: admitted
+    refused = failed(pf.check_environment, competition_plan(other))
+    assert refused.detail == "this node's image venv differs from study pf's first node: neuronx-cc 2.26.1.0 " \
+                             "there, 2.28.0.0 here"
+    assert pf.check_versions(plan).ok  # the pins are latest-sdk's: not judged here
+
+
+def test_a_competition_node_without_the_image_venv_fails_and_its_device_checks_are_skipped(tmp_path):
+    sections = {**SPEC, "environment": {"profile": "competition", "venv": str(tmp_path / "none")}}
+    plan = pf.plan_for(load(write_spec(tmp_path, "pf", sections)))
+    assert plan.python is None
+    done = pf.run_checks(plan, tmp_path, {"environment": lambda: pf.check_environment(plan),
+                                          "launch": lambda: pf.Check("launch", True, "not run")})
+    assert not done[0].ok and "no venv" in done[0].detail and "\n" not in done[0].detail
+    assert done[1].detail == "skipped: the environment check failed"

@@ -17,7 +17,7 @@ import pytest
 
 from sweep import cli
 from sweep import store as st
-from sweep.ship import bundle
+from sweep.ship import bundle, rehearse
 from sweep.store.artifacts import code_version
 from tests.sweep_fixtures import tiny_spec, write_spec
 
@@ -84,6 +84,9 @@ def study(tmp_path, tiny_config, monkeypatch):
                                           user_attrs={**attrs, "launch_ranks": 2}))
     s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.1,
                                           user_attrs={**attrs, "config": {**config, "final_eval_rows": -1}}))
+    s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.2,
+                                          user_attrs={**attrs, "neuron_cc_flags": "--optlevel=1",
+                                                      "neuron_opt_level": "-O1"}))
     return spec_path
 
 
@@ -402,3 +405,33 @@ def test_a_replicate_exports_under_the_spec_promote_recorded(tmp_path, monkeypat
             capsys.readouterr().err
         assert (tmp_path / f"sub{i}" / "train.py").read_text() == (tmp_path / "full.py").read_text().replace(
             "LEARNING_RATE = 0.01", "LEARNING_RATE = 0.02")
+
+
+def test_the_compiler_settings_a_trial_trained_with_go_into_the_submission(study, tmp_path, capsys):
+    """neuron_cc_flags and neuron_opt_level are launch keys: the exported program sets both, as the trial ran."""
+    out = tmp_path / "submission"
+    assert export(study, out, "--trial", "4") == 0, capsys.readouterr().err
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["launch_env"] == {"NEURON_CC_FLAGS": "--optlevel=1", "NEURON_COMPILER_OPT_LEVEL": "-O1"}
+    assert "'NEURON_COMPILER_OPT_LEVEL': '-O1'" in (out / "train.py").read_text()
+
+
+def test_a_cold_rehearsal_measures_the_start_up_on_an_empty_cache_and_marks_one_over_the_margin(study, tmp_path,
+                                                                                                 capsys):
+    """The candidate runs once through a trial's launch with a fresh compile cache; its start-up against the margin
+    is one line, and the study keeps the rehearsal by trial number."""
+    import optuna
+
+    out = tmp_path / "submission"
+    assert export(study, out, "--cold-rehearsal", "--margin-s", "0.001") == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("trial 0: cold start-up ") and "is over the margin 0.001 s" in printed[0]
+    assert "the kit caps it at 900 s" in printed[0] and printed[1].startswith("exported trial 0")
+    s = optuna.load_study(study_name="exp", storage=st.open_storage(os.environ["SWEEP_STORAGE"]))
+    rehearsal = s.user_attrs["cold_rehearsals"]["0"]
+    assert rehearsal["over"] and rehearsal["margin_s"] == 0.001 and rehearsal["environment"] == "latest-sdk"
+    cache = Path(rehearsal["cache"])
+    assert cache.parent == tmp_path / ".submission-cold-rehearsal" and cache.name.startswith("cold-cache-")
+    assert export(study, tmp_path / "again", "--cold-rehearsal") == 0, capsys.readouterr().err
+    assert "within the margin 840 s" in capsys.readouterr().out
+    assert rehearse.rehearsal_config({"excluded_steps": 2, "batch_size": 4, "seq_len": 8})["max_steps"] == 3
