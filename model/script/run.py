@@ -47,7 +47,7 @@ CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_consta
                "eval_fractions", "startup_allowance_s", "eval_batch_size", "eval_device", "script_sha256",
                "dialect", "flags", "env", "budget_knob", "seed_knob", "seed", "eval_args", "eval_tokens",
                "eval_seq_len", "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance",
-               "promote_eval_tokens",
+               "promote_eval_tokens", "trust_script",
                "eval_timeout_s"}
 # The summary block's fields each dialect's scripts print, the only ones copied into the record (the whole
 # block stays under "summary"): nothing a script prints may set a field the service acts on (status, seed,
@@ -191,6 +191,7 @@ def kit_setup(kit: Path, args: list[str] | None = None) -> str | None:
         sys.stderr.write(proc.stderr)
         if proc.returncode:
             return f"kit setup ({kit} exited {proc.returncode}): {last_error(proc.stderr)}"
+        (kit.parent / MARKER_MANIFEST).write_text(json.dumps(kit_manifest(kit.parent), sort_keys=True))
         marker.write_text(digest + "\n")
     return None
 
@@ -247,6 +248,8 @@ class ScriptRun:
         self.cfg, self.budget_s, self.out_dir = cfg, budget_s, out_dir
         self.ranks, self.rank_module, self.as_json = ranks, rank_module, as_json
         self.key: bytes | None = None  # the supervisor's per-trial key: every event line is signed with it
+        self.kit_digest: str | None = None  # the trial's copy of the kit, as made
+        self.kit_manifest: dict[str, str] | None = None  # the kit folder's files, as the trial found them
         self.dialect = cfg.get("dialect", "autoresearch")
         patterns = Patterns.build(cfg.get("output"), self.dialect)
         self.reader = Reader(patterns)
@@ -372,6 +375,12 @@ class ScriptRun:
                 return {**record, "status": "failed", "val_bpb": None, "reason": why}
         constants, argv, knob_env = launch_values(cfg, self.budget_s)
         script, kit = prepare_workdir(cfg, self.budget_s, self.out_dir / "script", constants)
+        if kit is not None:
+            self.kit_digest = sha256(kit)
+            self.kit_manifest = kit_manifest(Path(cfg["kit"]).resolve().parent)
+            why = kit_tampered(Path(cfg["kit"]).resolve().parent, self.kit_manifest)
+            if why:
+                return {**record, "status": "failed", "val_bpb": None, "reason": why}
         self._last_step_event = 0.0
         started = time.monotonic()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **knob_env}
@@ -425,26 +434,58 @@ class ScriptRun:
                     "reason": err or f"the script exited with code {code}"}
         if self.dialect == "kit":
             return self._score_kit(record, script, kit)
-        val = record.get("val_bpb")
-        if isinstance(val, (int, float)) and not isinstance(val, bool):
-            if not math.isfinite(val):
-                return {**record, "status": "diverged", "val_bpb": None, "reason": f"val_bpb {val} in the summary"}
-            return {**record, "status": "ok", "val_bpb": float(val), "val_bpb_source": "summary"}
+        why = self._kit_changed(script, kit)
+        if why:
+            return {**record, "status": "failed", "val_bpb": None, "reason": why}
+        if self.dialect == "kit":
+            return self._score_kit(record, script, kit)
+        claimed = record.pop("val_bpb", None)  # the summary's figure: the script's claim
+        if isinstance(claimed, (int, float)) and not isinstance(claimed, bool):
+            if not math.isfinite(claimed):
+                return {**record, "status": "diverged", "val_bpb": None,
+                        "reason": f"val_bpb {claimed} in the summary"}
+            record["claimed_val_bpb"] = float(claimed)
+        if self.cfg.get("trust_script"):  # the study opted in: the script's own figure, said on the trial
+            if "claimed_val_bpb" not in record:
+                return {**record, "status": "failed", "val_bpb": None, "trust_script": True,
+                        "reason": "no val_bpb in the summary block, which the study trusts (trust_script)"}
+            return {**record, "status": "ok", "val_bpb": record["claimed_val_bpb"], "val_bpb_source": "summary",
+                    "trust_script": True}
         checkpoint = script.parent / "out" / "final.pt"
         if kit is None or not checkpoint.is_file():
             return {**record, "status": "failed", "val_bpb": None,
-                    "reason": "no val_bpb in the summary block, and no out/final.pt and kit to score"}
-        t0 = time.monotonic()
+                    "reason": "no out/final.pt and kit to score (a study may take the script's own val_bpb: "
+                              "[objective] trust_script = true)"}
         try:
-            val = evaluate_checkpoint(script, kit, checkpoint, int(self.cfg.get("eval_batch_size", 8)),
-                                      str(self.cfg.get("eval_device", "cpu")))
-        except Exception as e:  # the script's load_for_eval or the kit broke: say which, as a failed trial
-            first = str(e).splitlines()[0] if str(e) else ""
-            return {**record, "status": "failed", "val_bpb": None,
-                    "reason": f"evaluating out/final.pt: {type(e).__name__}: {first}"}
-        status = "ok" if math.isfinite(val) else "diverged"
-        return {**record, "status": status, "val_bpb": val if status == "ok" else None, "val_bpb_source": "kit",
-                "eval_seconds": time.monotonic() - t0}
+            scored, seconds = fallback_score(script, kit, checkpoint, self.cfg)
+        except ScoreError as e:
+            return {**record, "status": "failed", "val_bpb": None, "reason": f"evaluating out/final.pt: {e}"}
+        val = scored.get("val_bpb")
+        if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val):
+            return {**record, "status": "diverged", "val_bpb": None, "reason": f"the kit's evaluate_bpb gave {val!r}"}
+        record.update(val_bpb=float(val), val_bpb_source="kit", eval_seconds=round(seconds, 3))
+        self._compare_claim(record)
+        return {**record, "status": "ok"}
+
+    def _compare_claim(self, record: dict[str, Any]) -> None:
+        """Flag a script's claimed figure that differs from the score by more than the spec's tolerance."""
+        if "claimed_val_bpb" in record:
+            tolerance = float(self.cfg.get("claim_tolerance", 1e-4))
+            record["claim_differs"] = abs(record["claimed_val_bpb"] - record["val_bpb"]) > tolerance
+
+    def _kit_changed(self, script: Path, kit: Path | None) -> str | None:
+        """Why the kit the scorer is about to read is not the kit the trial started with (its copy of
+        prepare.py, or a file of the kit's folder the trial could reach through its links); None if intact."""
+        if kit is None:
+            return None
+        if self.kit_digest is not None and sha256(kit) != self.kit_digest:
+            return f"the trial changed its copy of the kit's {kit.name} (sha256 differs): not scored"
+        if self.kit_manifest is not None:
+            now = kit_manifest(Path(self.cfg["kit"]).resolve().parent)
+            changed = sorted(k for k in set(now) | set(self.kit_manifest) if now.get(k) != self.kit_manifest.get(k))
+            if changed:
+                return f"the kit's folder changed during the trial ({', '.join(changed[:3])}): not scored"
+        return None
 
     def _score_kit(self, record: dict[str, Any], script: Path, kit: Path | None) -> dict[str, Any]:
         """The kit's own scorer on out/final.pt, as teams run it, in a fresh process after every rank has
@@ -469,9 +510,7 @@ class ScriptRun:
         if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val):
             return {**record, "status": "diverged", "val_bpb": None, "reason": f"eval-public gave val_bpb {val!r}"}
         record["val_bpb"] = float(val)
-        if "claimed_val_bpb" in record:
-            tolerance = float(self.cfg.get("claim_tolerance", 1e-4))
-            record["claim_differs"] = abs(record["claimed_val_bpb"] - val) > tolerance
+        self._compare_claim(record)
         why = [k for k, bad in (("over_budget", summary.get("over_budget") is True),
                                 ("causality_passed", summary.get("causality_passed") is False),
                                 ("eval_over_timeout", scored.get("eval_over_timeout") is True)) if bad]
@@ -480,6 +519,65 @@ class ScriptRun:
                     "reason": "the scorer would reject it: " + ", ".join(f"{k} {summary.get(k, scored.get(k))}"
                                                                           for k in why)}
         return {**record, "status": "ok"}
+
+
+MANIFEST_HASH_BYTES = 256 << 20  # files hashed whole per check; beyond it, size and mtime stand for content
+MARKER_MANIFEST = ".kit-manifest.json"  # beside .kit-ready: the kit folder as its setup left it
+
+
+def kit_manifest(folder: Path) -> dict[str, str]:
+    """The kit folder's files (not its prepare.py's trial copies, out/ or dotfiles), each by its sha256, or its
+    size and mtime past MANIFEST_HASH_BYTES: what a trial must not change for the next one."""
+    out, budget = {}, MANIFEST_HASH_BYTES
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if not path.is_file() or rel.parts[0] in ("out", "__pycache__") or any(p.startswith(".") for p in rel.parts):
+            continue
+        st = path.stat()
+        if st.st_size <= budget:
+            budget -= st.st_size
+            out[str(rel)] = sha256(path)
+        else:
+            out[str(rel)] = f"{st.st_size}:{st.st_mtime_ns}"
+    return out
+
+
+def kit_tampered(folder: Path, now: dict[str, str]) -> str | None:
+    """Why the kit folder differs from what its setup left (a previous trial wrote into it); None if it does
+    not, or if no setup recorded it."""
+    marker = folder / MARKER_MANIFEST
+    try:
+        then = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+    if changed:
+        return (f"the kit folder {folder} changed since its setup ({', '.join(changed[:3])}): a trial wrote into "
+                f"it; run its setup again (delete {marker.name} and .kit-ready)")
+    return None
+
+
+def fallback_score(script: Path, kit: Path, checkpoint: Path, cfg: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """autoresearch's kit scoring out/final.pt (its evaluate_bpb through the script's load_for_eval) in a
+    process of its own, never in this one: a script's code runs only where its output is not trusted."""
+    command = [sys.executable, "-m", "model.script.score", "--script", script.name, "--kit", kit.name,
+               "--checkpoint", str(checkpoint.relative_to(script.parent)),
+               "--batch-size", str(int(cfg.get("eval_batch_size", 8))), "--device", str(cfg.get("eval_device", "cpu"))]
+    t0 = time.monotonic()
+    limit = float(cfg.get("eval_timeout_s") or KIT_EVAL_TIMEOUT_S)
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        proc = subprocess.run(command, cwd=script.parent, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=limit, env=env)
+    except subprocess.TimeoutExpired:
+        raise ScoreError(f"no score within {limit:g} s") from None
+    out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+    sys.stderr.write(err[-20000:])
+    if proc.returncode:
+        raise ScoreError(last_error(err) or f"the scorer exited {proc.returncode}")
+    return read_json_object(out), time.monotonic() - t0
 
 
 class ScoreError(RuntimeError):

@@ -105,6 +105,7 @@ class ScriptSpec:
     flag_info: Mapping[str, source.Flag] = field(default_factory=dict)  # each flag knob's declaration
     knob_types: Mapping[str, str | None] = field(default_factory=dict)  # budget/seed knob name -> literal/type kind
     warnings: tuple[str, ...] = ()
+    trust_script: bool = False  # [objective] trust_script: the script's printed figure is the objective
 
     def knob(self, key: str) -> Knob:
         """The knob ``key`` sets: the spec's, else the constant named by the upper-cased key."""
@@ -150,7 +151,7 @@ class ScriptSpec:
                    eval_args=list(self.eval_args), eval_tokens=self.eval_tokens,
                    promote_eval_tokens=self.promote_eval_tokens, eval_seq_len=self.eval_seq_len,
                    progress_silence_s=self.progress_silence_s, over_budget_grace_s=self.over_budget_grace_s,
-                   claim_tolerance=self.claim_tolerance)
+                   claim_tolerance=self.claim_tolerance, trust_script=self.trust_script)
         if self.kit is not None:
             out.update(kit=str(self.kit), kit_constants=dict(self.kit_constants))
         if any(self.takes_seed(k) for k in flat):

@@ -11,6 +11,7 @@ This module validates the sections into a :class:`StudySpec`; reading the file (
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Mapping
@@ -206,7 +207,11 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     pruner = read_pruner(r, root.get("pruner", {"name": "none"}), fractions, budget_s)
     exercise_components(r, sampler, pruner, [max(1, round(f * budget_s)) for f in fractions])
 
-    objective = _objective(r, root.get("objective", {}), direction, "direction" in study, pruner,
+    objective_t = dict(r.table(root.get("objective", {}), "objective", None))
+    trust_script = objective_t.pop("trust_script", False)
+    if not isinstance(trust_script, bool):
+        raise r.error("objective.trust_script", f"must be true or false, got {trust_script!r}")
+    objective = _objective(r, objective_t, direction, "direction" in study, pruner,
                            r.table(root.get("fixed", {}), "fixed", None))
     direction = objective.directions[0]
     space = _space(r, root, _chip_ranks(chips, "ranks" in trial, env) if chips else None)
@@ -214,6 +219,10 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
     if launch_error:
         raise r.error(*launch_error)
     script = script_spec.read(r, trial, r.table(root.get("params", {}), "params", None), space, _text(path))
+    if trust_script:  # the script's own printed figure as the objective: the study opts in, every trial says so
+        if script is None:
+            raise r.error("objective.trust_script", "only for a study of a script (trial.script)")
+        script = dataclasses.replace(script, trust_script=True)
     if script is not None:
         trainer = script_spec.TRAINER
         if pruner.name == "learning_curve":

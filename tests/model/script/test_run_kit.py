@@ -122,8 +122,8 @@ def test_a_script_silent_past_progress_silence_s_gets_a_note(tmp_path):
         print("---")
         print("val_bpb: 1.5")
     """)
-    rec = _run(tmp_path, {"script": str(script), "progress_silence_s": 0.5}, budget=30)
-    assert rec["status"] == "ok" and rec["val_bpb"] == 1.5
+    rec = _run(tmp_path, {"script": str(script), "progress_silence_s": 0.5, "trust_script": True}, budget=30)
+    assert rec["status"] == "ok" and rec["val_bpb"] == 1.5 and rec["trust_script"] is True
     assert rec["progress_silence"].startswith("no progress line for")
 
 
@@ -149,9 +149,13 @@ def test_only_the_dialects_summary_fields_reach_the_record(tmp_path):
         print("core: 0.9")
         print("status: ok")
     """)
-    rec = _run(tmp_path, {"script": str(script)}, budget=30)
+    rec = _run(tmp_path, {"script": str(script), "trust_script": True}, budget=30)
     assert rec["val_bpb"] == 1.5 and rec["num_steps"] == 12 and rec["summary"]["adhoc"] is True
     assert "adhoc" not in rec and "core" not in rec
+    # untrusted (the default), the summary's figure is only a claim, and with no kit nothing scores it
+    rec = _run(tmp_path, {"script": str(script)}, budget=30)
+    assert rec["status"] == "failed" and rec["val_bpb"] is None and rec["claimed_val_bpb"] == 1.5
+    assert "trust_script" in rec["reason"]
 
 
 def test_the_fallback_scorer_keeps_dataclasses_try_blocks_and_passes_a_device(tmp_path):
