@@ -60,7 +60,9 @@ def test_a_script_study_runs_and_records_the_summary_block_and_the_scripts_sha(s
     sha = hashlib.sha256(SCRIPT.read_bytes()).hexdigest()
     for t in trials:
         a = t.user_attrs
-        assert a["script_sha256"] == sha and a["status"] == "ok" and a["val_bpb_source"] == "summary"
+        assert a["script_sha256"] == sha and a["status"] == "ok" and a["val_bpb_source"] == "kit"
+        # the summary's figure is the script's claim; the kit's scorer, in a process of its own, agrees with it
+        assert a["claimed_val_bpb"] == pytest.approx(a["val_bpb"], abs=1e-5) and a["claim_differs"] is False
         for k in ("training_seconds", "startup_allowance_est", "charged_seconds_est", "over_budget", "num_steps",
                   "total_tokens_M", "world_size", "seq_len", "num_params_M"):
             assert k in a["record_fields"], k
@@ -187,7 +189,7 @@ def test_kit_setup_runs_once_and_the_kit_scores_a_script_that_does_not_evaluate(
         assert p.returncode == 0 and records[-1]["status"] == "ok", err[-2000:]
     assert (kit / "tokenizer" / "tokenizer.pkl").is_file() and (kit / ".kit-ready").is_file()
     assert (tmp_path / "t0" / "script" / "tokenizer").resolve() == (kit / "tokenizer").resolve()
-    assert [r["val_bpb_source"] for r in records] == ["summary", "kit"]
+    assert [r["val_bpb_source"] for r in records] == ["kit", "kit"] and "claimed_val_bpb" not in records[1]
     assert "val_bpb" not in records[1]["summary"] and 1 < records[1]["val_bpb"] < 20
     # The adapter's own scoring (load_for_eval, then the kit's evaluate_bpb) gives the script's own figure.
     proc = subprocess.run([sys.executable, "-c", SCORE, str(tmp_path / "t0" / "script")], cwd=ROOT,
