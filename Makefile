@@ -91,6 +91,7 @@ lint: $(STAMP)
 clean:
 	rm -rf .pytest_cache .ruff_cache .hypothesis runs/cache runs/scratch
 	rm -rf sweep/studies/*/data sweep/studies/*/tokenizer sweep/studies/*/.kit-ready*
+	rm -rf sweep/studies/kit-demo/out sweep/studies/kit-demo/.setup.lock
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Everything under runs/ but the cluster configs (runs/aws/, which `ray down` needs): the embedded study store,
