@@ -277,9 +277,10 @@ def _compile_loss(model: GPT, opt: Optimizers, run: Any, rt: devices.Runtime, se
 
 
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None,
-          fault: faults.Fault | None = None, *, final_eval: bool = True) -> dict[str, Any]:
+          fault: faults.Fault | None = None, *, final_eval: bool = True, eval_batch_size: int = 0) -> dict[str, Any]:
     """One budgeted run; `fault` is a test-only injected fault (model.faults), None in real runs.
-    `final_eval` False: no final evaluation (a submission-clean run; its score comes from the kit's scorer)."""
+    `final_eval` False: no final evaluation (a submission-clean run; its score comes from the kit's scorer);
+    `eval_batch_size` the kit dialect's evaluation batch (0: batch_size)."""
     run = cfg.run
     if run.num_threads > 0:
         torch.set_num_threads(run.num_threads)
@@ -443,7 +444,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         if final_eval:
             t0 = time.perf_counter()
             if kit_dialect == "kit":
-                result.update(_kit_final_score(model, ds, cfg, rt))
+                result.update(_kit_final_score(model, ds, cfg, rt, eval_batch_size or run.batch_size))
             else:
                 result.update(final_val_bpb(model, ds, run.batch_size, T, run.final_eval_tokens, run.final_eval_rows,
                                             run.eval_seq_len, rt.device, rt.autocast(), rt.rank, rt.world_size,
@@ -484,7 +485,7 @@ def _epoch(loader: Any) -> int | None:
     return int(epoch) if isinstance(epoch, int) else None
 
 
-def _kit_final_score(model: GPT, ds: Any, cfg: TrainConfig, rt: devices.Runtime) -> dict[str, Any]:
+def _kit_final_score(model: GPT, ds: Any, cfg: TrainConfig, rt: devices.Runtime, batch_size: int) -> dict[str, Any]:
     """The kit dialect's own evaluate_bpb dict (`kit_eval`) on public_val at eval_seq_len (0: seq_len) over
     final_eval_tokens, and its causality_check (`causality`); the record's val_* fields from that dict.
 
@@ -498,8 +499,8 @@ def _kit_final_score(model: GPT, ds: Any, cfg: TrainConfig, rt: devices.Runtime)
         _agree_on_stop(STOP_NONE, rt)  # wait for rank 0's score
         return {"val_rows": 0, "val_seq_len": T, "kit_eval_ranks": 1}
     with ds.one_process() if alone else contextlib.nullcontext():
-        causality = ds.causality(model, run.batch_size, T, rt.device)
-        got = ds.score(model, run.batch_size, T, run.final_eval_tokens, rt.device)
+        causality = ds.causality(model, batch_size, T, rt.device)
+        got = ds.score(model, batch_size, T, run.final_eval_tokens, rt.device)
     if alone:
         _agree_on_stop(STOP_NONE, rt)
     tokens, nats = int(got.get("num_tokens", 0)), float(got.get("total_nats", float("nan")))

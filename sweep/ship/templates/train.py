@@ -26,8 +26,8 @@ context length, its per-token losses under `reduction="none"` or `loss_reduction
 Submission-clean by default: no validation data is read; --eval-public runs the kit's causality_check and
 evaluate_bpb on public_val after training. Flags (each falls back to NEURON_COMPETITION_R1_<FLAG>):
 --device-type, --num-steps, --max-train-seconds, --out-dir, --eval-public/--no-eval-public, --eval-tokens,
---eval-seq-len, --compile/--no-compile, --compile-only, --seed. Imports: torch, the standard library and
-prepare. Generated: re-export rather than edit.
+--eval-seq-len, --eval-batch-size, --compile/--no-compile, --compile-only, --seed. Imports: torch, the
+standard library and prepare. Generated: re-export rather than edit.
 """
 
 import argparse
@@ -103,13 +103,17 @@ def parse_args(argv, budget_seconds):
     p.add_argument("--eval-public", action=argparse.BooleanOptionalAction, default=_flag_bool("eval_public", False))
     p.add_argument("--eval-tokens", type=int, default=_flag_number("eval_tokens", int, DEFAULT_EVAL_TOKENS))
     p.add_argument("--eval-seq-len", type=int, default=_flag_number("eval_seq_len", int, EVAL_SEQ_LEN or SEQ_LEN))
+    p.add_argument("--eval-batch-size", type=int, default=_flag_number("eval_batch_size", int, BATCH_SIZE),
+                   help="rows per evaluation batch (with --eval-seq-len and --eval-tokens: which rows are scored)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=_flag_bool("compile", COMPILE))
     p.add_argument("--compile-only", action="store_true", default=_flag_bool("compile_only", False),
                    help="one step to warm the compile cache, then exit")
     p.add_argument("--seed", type=int, default=_flag_number("seed", int, SEED))
     args = p.parse_args(argv)
-    if args.max_train_seconds <= 0 or args.num_steps < 0 or args.eval_tokens <= 0 or args.eval_seq_len <= 0:
-        raise UsageError("--max-train-seconds, --eval-tokens and --eval-seq-len must be positive, --num-steps >= 0")
+    sizes = (args.max_train_seconds, args.eval_tokens, args.eval_seq_len, args.eval_batch_size)
+    if min(sizes) <= 0 or args.num_steps < 0:
+        raise UsageError("--max-train-seconds, --eval-tokens, --eval-seq-len and --eval-batch-size must be positive, "
+                         "--num-steps must not be negative")
     return args
 
 
@@ -198,7 +202,7 @@ def summary(result, args, kit, total_seconds):
         rows += [
             ("causality_passed", causality.get("passed")),
             ("causality_max_abs", causality.get("max_abs_diff")),
-            ("public_val_bpb", f"{got.get('val_bpb', float('nan')):.6f}"),
+            ("public_val_bpb", f"{got.get('val_bpb', r.get('val_bpb') or float('nan')):.6f}"),
             ("eval_seconds", f"{float(got.get('eval_seconds', 0.0)):.1f}"),
             ("eval_timeout", got.get("eval_timeout")),
             ("eval_over_timeout", got.get("eval_over_timeout")),
@@ -231,7 +235,8 @@ def main(argv=None):
         tokens_per_step = cfg.run.batch_size * cfg.model.seq_len * cfg.run.grad_accum * rt.world_size
         events = KitProgress(rt.is_master, tokens_per_step, args.num_steps, args.max_train_seconds)
         result = trainer.train(cfg, rt, events, None if args.compile_only else Path(args.out_dir),
-                               final_eval=args.eval_public and not args.compile_only)
+                               final_eval=args.eval_public and not args.compile_only,
+                               eval_batch_size=args.eval_batch_size)
     except (ConfigError, DataError) as e:
         devices.teardown()
         print(f"train.py: {e}", file=sys.stderr, flush=True)
