@@ -100,7 +100,8 @@ def add_parser(sub: Any) -> None:
                    "required for a pareto study: one of its front)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the files into")
     p.add_argument("--budget-s", type=parse_seconds, default=COMPETITION_BUDGET_S, metavar="N",
-                   help=f"charged training seconds baked in (default {COMPETITION_BUDGET_S:g}, the competition's)")
+                   help=f"train.py's --max-train-seconds default (default {COMPETITION_BUDGET_S:g}: the kit's "
+                   "TRAIN_TIME_BUDGET_SECONDS)")
 
 
 def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
@@ -272,7 +273,9 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
             "TRAINED_RANKS": trained_ranks, "TRAINED_LNC": lnc, "LAUNCH": info["launch"], "LAUNCH_ENV": launch_env,
             "CODE_VERSION": version.get("git_commit", "unknown") + (" (uncommitted changes)"
                                                                    if version.get("git_dirty") else ""),
-            "EXPORTED_AT": info["exported_at"]}
+            "EXPORTED_AT": info["exported_at"],
+            # --max-train-seconds' default: None, the kit's TRAIN_TIME_BUDGET_SECONDS, unless --budget-s said otherwise
+            "MAX_TRAIN_SECONDS": None if budget_s == COMPETITION_BUDGET_S else float(budget_s)}
     hyper = constants(trained_config)
     text, encoding = bundle.render(*train_program(meta, hyper), modules)
     data = text.encode("utf-8")

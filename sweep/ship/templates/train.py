@@ -89,7 +89,8 @@ def _flag_number(flag, kind, default):
     try:
         return kind(value)
     except ValueError:
-        raise UsageError(f"{ENV_PREFIX}{flag.upper().replace('-', '_')}={value!r} is not a {kind.__name__}") from None
+        what = "an integer" if kind is int else "a number"
+        raise UsageError(f"{ENV_PREFIX}{flag.upper().replace('-', '_')}={value!r} is not {what}") from None
 
 
 def parse_args(argv, budget_seconds):
@@ -98,7 +99,7 @@ def parse_args(argv, budget_seconds):
     p.add_argument("--num-steps", type=int, default=_flag_number("num_steps", int, 0),
                    help="stop after this many steps too (0: the clock alone)")
     p.add_argument("--max-train-seconds", type=float,
-                   default=_flag_number("max_train_seconds", float, float(budget_seconds)))
+                   default=_flag_number("max_train_seconds", float, float(MAX_TRAIN_SECONDS or budget_seconds)))
     p.add_argument("--out-dir", default=_env("out_dir", "out"))
     p.add_argument("--eval-public", action=argparse.BooleanOptionalAction, default=_flag_bool("eval_public", False))
     p.add_argument("--eval-tokens", type=int, default=_flag_number("eval_tokens", int, DEFAULT_EVAL_TOKENS))

@@ -236,7 +236,7 @@ def test_the_export_is_submission_clean_by_default_and_stops_every_rank_on_a_bad
 
     # A bad flag or fallback: one line, exit 2.
     proc = launch(run_dir, 1, [], kit_env(kit_dialect, NEURON_COMPETITION_R1_NUM_STEPS="many"))
-    assert proc.returncode != 0 and "train.py: NEURON_COMPETITION_R1_NUM_STEPS='many' is not a int" in proc.stderr
+    assert proc.returncode != 0 and "train.py: NEURON_COMPETITION_R1_NUM_STEPS='many' is not an integer" in proc.stderr
 
 
 def test_provenance_warnings_and_the_launch_of_all_the_chips_ranks(study, tmp_path, capsys):
