@@ -49,15 +49,16 @@ from sweep.study import best_trial, fail, load_study, parse_seconds
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit
 CHIP_CORES = 8  # physical NeuronCores of a trn2 chip: a scored run uses all of them, 8 // LNC ranks
 EVAL_PUBLIC = "python prepare.py eval-public --train-py train.py --checkpoint out/final.pt"
-EVAL_TOKENS = 4 * 524288  # the exported file's --eval-tokens default, the baseline's
 
 
 def eval_public_line(config: dict[str, Any]) -> str:
-    """The kit's scorer on the checkpoint, at the rows the exported file's --eval-public scores: context
-    --eval-seq-len, EVAL_TOKENS tokens, batches of BATCH_SIZE rows (the kit names only --seq-len publicly; the
-    other two are the flags of this project's kit-dialect stand-in: adjust them to the kit's own)."""
+    """The kit's scorer on the checkpoint, at the rows the exported file's --eval-public scores by default and
+    the trial's record scored: context EVAL_SEQ_LEN (0: SEQ_LEN), FINAL_EVAL_TOKENS tokens, batches of
+    BATCH_SIZE rows (the kit names only --seq-len publicly; the other two are the flags of this project's
+    kit-dialect stand-in: adjust them to the kit's own)."""
     seq_len = config.get("eval_seq_len") or config["seq_len"]
-    return f"{EVAL_PUBLIC} --seq-len {seq_len} --eval-tokens {EVAL_TOKENS} --batch-size {config['batch_size']}"
+    return (f"{EVAL_PUBLIC} --seq-len {seq_len} --eval-tokens {config['final_eval_tokens']} "
+            f"--batch-size {config['batch_size']}")
 
 # Trainer keys that belong to the machine or the kit, not the configuration: what a submission runs with, and
 # why. The exported train.py sets them at start-up; every other key of the trial's config is a constant in it.
@@ -73,11 +74,9 @@ SUBMISSION: dict[str, tuple[Any, str]] = {
                  "the checkpoint's reserve"),
     "startup_allowance_s": (900.0, "the kit's TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS"),
     "excluded_steps": (5, "the kit's TRAIN_STARTUP_STEPS_EXCLUDED"),
-    "max_steps": (0, "--num-steps (default 0: the charged clock alone ends training)"),
     "eval_fractions": ([], "no intermediate evaluations: no validation data is read while training"),
     "eval_at_start": (False, "no evaluation before training"),
     "eval_tokens": (RunConfig.eval_tokens, "unused: no intermediate evaluations"),
-    "final_eval_tokens": (EVAL_TOKENS, "--eval-tokens: what --eval-public scores"),
     "final_eval_rows": (0, "the kit's evaluate_bpb scores every row"),
     "save_checkpoint": (True, "out/final.pt is what the evaluation reads"),
     "core_bundle": ("", "the competition scores CORE itself, after training, through inference.py"),
@@ -85,7 +84,9 @@ SUBMISSION: dict[str, tuple[Any, str]] = {
     "log_every": (1, "the loss read every step, for the progress line's EMA and the bad-loss check"),
 }
 # Trial values kept as constants that a flag may override: its default.
-FLAG_DEFAULTS = {"seed": "--seed", "compile": "--compile", "eval_seq_len": "--eval-seq-len (0: SEQ_LEN)"}
+FLAG_DEFAULTS = {"seed": "--seed", "compile": "--compile", "eval_seq_len": "--eval-seq-len (0: SEQ_LEN)",
+                 "max_steps": "--num-steps (0: the charged clock alone)", "final_eval_tokens": "--eval-tokens",
+                 "batch_size": "--eval-batch-size"}
 
 
 class ExportError(ValueError):
@@ -291,7 +292,7 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         "objective": spec.objective.describe(),
         "trained_budget_s": info["trained_budget_s"], "trained_device": info["trained_device"],
         "budget_s": float(budget_s), "config": config,
-        "submission_keys": {k: why for k, (_, why) in SUBMISSION.items()},
+        "submission_keys": {k: why for k, (_, why) in SUBMISSION.items()}, "flag_defaults": FLAG_DEFAULTS,
         "launch": info["launch"], "ranks": ranks, "trained_ranks": trained_ranks, "lnc": lnc,
         "launch_env": launch_env, "eval_public": eval_public_line(config),
         "constants": hyper,

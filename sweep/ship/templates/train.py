@@ -55,7 +55,6 @@ for _key, _value in LAUNCH_ENV.items():
 from model.train import load_for_eval  # noqa: E402,F401  (the scorer's entry point)
 
 ENV_PREFIX = "NEURON_COMPETITION_R1_"
-DEFAULT_EVAL_TOKENS = 4 * 524288
 CHECKPOINT_RESERVE_SECONDS = 15.0  # kept back from --max-train-seconds for saving (at most a tenth of it)
 BAD_LOSS = 100.0
 EMA_BETA = 0.9
@@ -96,13 +95,14 @@ def _flag_number(flag, kind, default):
 def parse_args(argv, budget_seconds):
     p = argparse.ArgumentParser(description="Neuron Competition R1 submission (trnsweep export)")
     p.add_argument("--device-type", choices=("neuron", "cpu", "cuda"), default=_env("device_type", "neuron"))
-    p.add_argument("--num-steps", type=int, default=_flag_number("num_steps", int, 0),
-                   help="stop after this many steps too (0: the clock alone)")
+    p.add_argument("--num-steps", type=int, default=_flag_number("num_steps", int, MAX_STEPS),
+                   help="stop after this many steps too (0: the clock alone; default the trial's)")
     p.add_argument("--max-train-seconds", type=float,
                    default=_flag_number("max_train_seconds", float, float(MAX_TRAIN_SECONDS or budget_seconds)))
     p.add_argument("--out-dir", default=_env("out_dir", "out"))
     p.add_argument("--eval-public", action=argparse.BooleanOptionalAction, default=_flag_bool("eval_public", False))
-    p.add_argument("--eval-tokens", type=int, default=_flag_number("eval_tokens", int, DEFAULT_EVAL_TOKENS))
+    p.add_argument("--eval-tokens", type=int, default=_flag_number("eval_tokens", int, FINAL_EVAL_TOKENS),
+                   help="tokens --eval-public scores (default the trial's, what its record scored)")
     p.add_argument("--eval-seq-len", type=int, default=_flag_number("eval_seq_len", int, EVAL_SEQ_LEN or SEQ_LEN))
     p.add_argument("--eval-batch-size", type=int, default=_flag_number("eval_batch_size", int, BATCH_SIZE),
                    help="rows per evaluation batch (with --eval-seq-len and --eval-tokens: which rows are scored)")
@@ -230,7 +230,12 @@ def main(argv=None):
     except (UsageError, ConfigError) as e:
         print(f"train.py: {e}", file=sys.stderr, flush=True)
         return 2
-    rt = devices.setup(cfg.run.device)
+    try:
+        rt = devices.setup(cfg.run.device)
+    except (RuntimeError, ValueError) as e:
+        print(f"train.py: device {cfg.run.device}: {str(e).splitlines()[0]} (--device-type cpu, or "
+              f"{ENV_PREFIX}DEVICE_TYPE=cpu, trains on the CPU)", file=sys.stderr, flush=True)
+        return 2
     try:
         resolve_batch(cfg, rt.world_size)
         tokens_per_step = cfg.run.batch_size * cfg.model.seq_len * cfg.run.grad_accum * rt.world_size

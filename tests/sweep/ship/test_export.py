@@ -149,7 +149,7 @@ def test_the_export_trains_beside_the_kit_and_its_scorer_agrees_with_the_record(
     prov = json.loads((out / "provenance.json").read_text())
     assert printed[1] == "launch: NEURON_LOGICAL_NC_CONFIG=2 torchrun --standalone --nproc_per_node=4 train.py"
     check = "python prepare.py eval-public --train-py train.py --checkpoint out/final.pt --seq-len 32 " \
-            "--eval-tokens 2097152 --batch-size 4"
+            "--eval-tokens 2048 --batch-size 4"  # the rows the trial's record scored
     assert printed[2] == f"check:  {check}" and prov["eval_public"] == check
     text = (out / "train.py").read_bytes()
     assert f"train.py {len(text):,} bytes of the upload limit's 262,144" in printed[0]
@@ -234,9 +234,12 @@ def test_the_export_is_submission_clean_by_default_and_stops_every_rank_on_a_bad
     assert proc.stderr.count("RuntimeError: bad loss detected: ") == 2, proc.stderr[-3000:]
     assert not (tmp_path / "bad" / "out" / "final.pt").exists()
 
-    # A bad flag or fallback: one line, exit 2.
+    # A bad flag or fallback: one line, exit 2; so is the default device where there is none (no CPU default).
     proc = launch(run_dir, 1, [], kit_env(kit_dialect, NEURON_COMPETITION_R1_NUM_STEPS="many"))
     assert proc.returncode != 0 and "train.py: NEURON_COMPETITION_R1_NUM_STEPS='many' is not an integer" in proc.stderr
+    proc = launch(run_dir, 1, [], kit_env(kit_dialect))
+    assert proc.returncode != 0 and proc.stderr.count("train.py: device neuron: ") == 1
+    assert 'File "train.py"' not in proc.stderr  # its one line, no traceback of the file (torchrun adds its own)
 
 
 def test_provenance_warnings_and_the_launch_of_all_the_chips_ranks(study, tmp_path, capsys):
