@@ -16,6 +16,8 @@ the summary block after `---`, last. A tiny GPT (rotary attention, relu^2 MLP) k
 Team-style additions: --seed and --seq-len, built by the _hp helper. --device-type defaults to cpu here.
 """
 
+from __future__ import annotations  # as in teams' scripts: the @dataclass needs this module in sys.modules
+
 import time
 
 T0 = time.time()  # the kit's clock runs from process start, imports included
