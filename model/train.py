@@ -27,6 +27,7 @@ import time
 _PROCESS_START = time.perf_counter()  # before the heavy imports: their time is start-up too
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -276,15 +277,18 @@ def _compile_loss(model: GPT, opt: Optimizers, run: Any, rt: devices.Runtime, se
 
 
 def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path | None,
-          fault: faults.Fault | None = None) -> dict[str, Any]:
-    """One budgeted run; `fault` is a test-only injected fault (model.faults), None in real runs."""
+          fault: faults.Fault | None = None, *, final_eval: bool = True, eval_batch_size: int = 0) -> dict[str, Any]:
+    """One budgeted run; `fault` is a test-only injected fault (model.faults), None in real runs.
+    `final_eval` False: no final evaluation (a submission-clean run; its score comes from the kit's scorer);
+    `eval_batch_size` the kit dialect's evaluation batch (0: batch_size)."""
     run = cfg.run
     if run.num_threads > 0:
         torch.set_num_threads(run.num_threads)
     torch.manual_seed(run.seed)
 
-    # A given tokenizer file fixes the vocabulary; otherwise one of vocab_size is trained.
-    vocab_size = None if run.tokenizer else cfg.model.vocab_size
+    # A given tokenizer file fixes the vocabulary, and so does the kit's tokenizer (its TOKENIZER_VOCAB_SIZE and
+    # BOS id, whatever the study trained on); otherwise one of vocab_size is trained.
+    vocab_size = None if run.tokenizer or _is_kit_source(run.data) else cfg.model.vocab_size
     ds = load_dataset(run.data or None, vocab_size, cache_dir=run.cache_dir,
                       tokenizer=run.tokenizer or None, val_shard=run.val_shard or None)
     cfg.model.vocab_size = ds.vocab_size
@@ -305,7 +309,10 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     same = functools.partial(_same_on_all_ranks, rt=rt)  # the kit's loader may not split ranks (model.data.kit)
     loader = BatchLoader(ds, batch_size=B, seq_len=T, rank=rt.rank, world_size=rt.world_size, seed=run.seed,
                          same_on_all_ranks=same)
-    eval_batches = pruning_batches(ds, B, T, run.eval_tokens, run.final_eval_tokens, rt.rank, rt.world_size, same)
+    # No validation data is read unless an intermediate evaluation is scheduled (a submission reads none).
+    eval_batches = (pruning_batches(ds, B, T, run.eval_tokens, run.final_eval_tokens, rt.rank, rt.world_size, same)
+                    if run.eval_fractions or run.eval_at_start else [])
+    kit_dialect = getattr(ds, "dialect", None) if ds.is_kit else None
     tokens_per_step = B * T * run.grad_accum * rt.world_size
     clock = ChargedClock(run.budget_s, run.startup_allowance_s, run.excluded_steps, run.max_steps)
     state = RunState()
@@ -348,7 +355,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
             break
 
         t0 = time.perf_counter()
-        opt.set_progress(clock.progress)
+        lrm = opt.set_progress(clock.progress)
         lap = StepTimer()
         try:
             for _ in range(run.grad_accum):
@@ -380,6 +387,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         lap("optimizer")
         rt.synchronize()
         lap("sync")
+        if ds.is_kit:
+            ds.step_boundary(state.step)  # the kit's official clock: its step log, after the step's synchronise
         clock.add_step(time.perf_counter() - t0)
         if clock.steps_seen > clock.excluded_steps:  # the charged steps' time, part by part
             for part, seconds in lap.parts.items():
@@ -401,7 +410,8 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
                 tps = tokens_per_step / clock.last_step_s if clock.last_step_s else 0.0
                 events.emit("step", step=state.step, charged_s=round(clock.charged_s, 4),
                             progress=round(clock.progress, 4), train_loss=state.last_loss,
-                            tokens_per_second=tps)
+                            tokens_per_second=tps, lrm=lrm, step_seconds=clock.last_step_s,
+                            epoch=_epoch(loader))
 
     train_seconds = clock.charged_s
     result: dict[str, Any] = {
@@ -414,7 +424,7 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         "tokens_per_second": _rate(clock.steps_charged * tokens_per_step, clock.step_charged_s),
         "params": n_params, "flops_per_token": model.flops_per_token(), "device": rt.kind,
         "world_size": rt.world_size, "budget_s": run.budget_s, "over_budget": train_seconds > run.budget_s,
-        "train_loss": state.last_loss, "data": ds.fingerprint, "curve": state.curve,
+        "train_loss": state.last_loss, "data": ds.fingerprint, "kit_dialect": kit_dialect, "curve": state.curve,
         "step_seconds_median": statistics.median(clock.step_times) if clock.step_times else 0.0,
         "step_seconds_max": max(clock.step_times, default=0.0), "step_seconds_sum": sum(clock.step_times),
         "excluded_steps": run.excluded_steps,
@@ -425,16 +435,24 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
         **NO_CORE,
     }
     if state.status == "ok":
+        # The checkpoint first: the competition's clock runs until it is saved; its evaluation comes after.
         t0 = time.perf_counter()
-        result.update(final_val_bpb(model, ds, run.batch_size, T, run.final_eval_tokens, run.final_eval_rows,
-                                    run.eval_seq_len, rt.device, rt.autocast(), rt.rank, rt.world_size, same))
-        state.eval_seconds += time.perf_counter() - t0
-        # A kit that does not say its length scored val_tokens that we know of, at a length we do not.
-        length = result["val_seq_len"]
-        state.eval_tokens += result["val_rows"] * length if length else result["val_tokens"]
         if out_dir is not None and run.save_checkpoint and rt.is_master:
             save_checkpoint(model, out_dir / "final.pt", ds.tokenizer)
             result["checkpoint"] = str(out_dir / "final.pt")
+        result["checkpoint_seconds"] = time.perf_counter() - t0
+        if final_eval:
+            t0 = time.perf_counter()
+            if kit_dialect == "kit":
+                result.update(_kit_final_score(model, ds, cfg, rt, eval_batch_size or run.batch_size))
+            else:
+                result.update(final_val_bpb(model, ds, run.batch_size, T, run.final_eval_tokens, run.final_eval_rows,
+                                            run.eval_seq_len, rt.device, rt.autocast(), rt.rank, rt.world_size,
+                                            same))
+            state.eval_seconds += time.perf_counter() - t0
+            # A kit that does not say its length scored val_tokens that we know of, at a length we do not.
+            length = result["val_seq_len"]
+            state.eval_tokens += result["val_rows"] * length if length else result["val_tokens"]
         if core_tasks is not None:
             result.update(_run_core(model, ds.tokenizer, core_tasks, cfg, rt, events, fault))
     # Evaluation's throughput beside training's: every val_bpb evaluation (intermediate and final), not CORE.
@@ -454,6 +472,42 @@ def train(cfg: TrainConfig, rt: devices.Runtime, events: Events, out_dir: Path |
     result["peak_memory_bytes"] = rt.peak_memory_bytes()
     result["config"] = cfg.to_dict()
     return result
+
+
+def _is_kit_source(data: str) -> bool:
+    return data == "kit" or data.startswith("kit:")
+
+
+def _epoch(loader: Any) -> int | None:
+    """The kit's epoch counter from its loader's last state ({"epoch": n}), when it gives one."""
+    state = getattr(loader, "state", None)
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return int(epoch) if isinstance(epoch, int) else None
+
+
+def _kit_final_score(model: GPT, ds: Any, cfg: TrainConfig, rt: devices.Runtime, batch_size: int) -> dict[str, Any]:
+    """The kit dialect's own evaluate_bpb dict (`kit_eval`) on public_val at eval_seq_len (0: seq_len) over
+    final_eval_tokens, and its causality_check (`causality`); the record's val_* fields from that dict.
+
+    Scored as `prepare.py eval-public` scores the checkpoint, in one process: rank 0 alone with the kit's
+    get_dist_info answering a single process (KitData.one_process), the other ranks waiting, so the figure is
+    the official scorer's whatever the number of ranks. A kit without get_dist_info is called on every rank."""
+    run = cfg.run
+    T = run.eval_seq_len or cfg.model.seq_len
+    alone = rt.world_size > 1 and ds.scores_alone
+    if alone and not rt.is_master:
+        _agree_on_stop(STOP_NONE, rt)  # wait for rank 0's score
+        return {"val_rows": 0, "val_seq_len": T, "kit_eval_ranks": 1}
+    with ds.one_process() if alone else contextlib.nullcontext():
+        causality = ds.causality(model, batch_size, T, rt.device)
+        got = ds.score(model, batch_size, T, run.final_eval_tokens, rt.device)
+    if alone:
+        _agree_on_stop(STOP_NONE, rt)
+    tokens, nats = int(got.get("num_tokens", 0)), float(got.get("total_nats", float("nan")))
+    return {"val_bpb": float(got["val_bpb"]), "val_loss": nats / tokens if tokens else None, "val_tokens": tokens,
+            "val_bytes": int(got.get("num_bytes", 0)), "val_rows": tokens // T if T else 0,
+            "val_population_rows": tokens // T if T else 0, "val_seq_len": T, "val_bpb_stderr": 0.0,
+            "kit_eval": got, "causality": causality, "kit_eval_ranks": 1 if alone else rt.world_size}
 
 
 def _rate(count: float, seconds: float) -> float:
@@ -493,10 +547,22 @@ def save_checkpoint(model: GPT, path: Path, tokenizer: Any = None) -> None:
     tmp.replace(path)
 
 
+class EvalGPT(GPT):
+    """The GPT a scorer receives: per-token losses, shaped as the targets, under either keyword teams' models
+    take (`reduction="none"`, autoresearch's; `loss_reduction="none"`); any context length (the rotary tables
+    grow to the rows it is given)."""
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean",
+                loss_reduction: str | None = None) -> torch.Tensor:
+        reduction = loss_reduction or reduction
+        out = super().forward(idx, targets, reduction)
+        return out.view(targets.shape) if targets is not None and reduction == "none" else out
+
+
 def load_for_eval(checkpoint_path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
-    """A plain causal GPT in eval mode, as the competition asks of a submission."""
+    """A plain causal GPT in eval mode, as the competition asks of a submission (EvalGPT: both loss keywords)."""
     ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)
-    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model = EvalGPT(GPTConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["state_dict"])
     return model.to(device).eval()
 

@@ -114,6 +114,26 @@ def standin_kit(data_cache, tmp_path_factory) -> Path:
 
 
 
+# The project's one stand-in for the competition kit's own dialect (ensure_tokenizer, make_dataloader split by
+# rank, evaluate_bpb -> dict, causality_check, record_step_boundary, `prepare.py setup` / `eval-public`).
+KIT_DIALECT_PREPARE = ROOT / "sweep" / "studies" / "kit-demo" / "prepare.py"
+
+
+@pytest.fixture(scope="session")
+def kit_dialect(tmp_path_factory) -> Path:
+    """A folder holding a copy of the kit-dialect stand-in, set up (`prepare.py setup`: one training shard,
+    public_val, the 8192-token tokenizer) with its cache in that folder."""
+    folder = tmp_path_factory.mktemp("kit_dialect")
+    (folder / "prepare.py").write_bytes(KIT_DIALECT_PREPARE.read_bytes())
+    env = subprocess_env()
+    env.pop("NEURON_COMPETITION_R1_CACHE_DIR", None)
+    env.pop("NEURON_COMPETITION_R1_TOKENIZER_PATH", None)
+    proc = subprocess.run([sys.executable, "prepare.py", "setup", "--num-train-shards", "1"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Head]:
     """A Ray head of the session's own, in processes of its own (tests.ray_head): drivers join it from

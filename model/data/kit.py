@@ -1,8 +1,18 @@
 """Adapter for the competition kit's `prepare.py`, so a sweep can measure exactly what the leaderboard does.
 
-The kit is not public; its closest public relative is autoresearch's prepare.py (a stand-in written to its
-interface and semantics is sweep/studies/script-demo/prepare.py; tests/kit_standin builds copies of it).
-What this adapter uses, and assumes no more of:
+Two dialects, told apart by the names the module defines (`KitData.dialect`, recorded as `kit_dialect`):
+
+"kit", the competition's own (docs/competition.md): `ensure_tokenizer()`, `make_dataloader(tokenizer, B, T,
+split, device)` with splits "train" and "public_val", already split by rank (rank r reads its own rows: the
+adapter never splits again), `evaluate_bpb(model, tokenizer, B, T, device, split=, max_tokens=,
+timeout_seconds=) -> dict` (val_bpb, total_nats, num_tokens, num_bytes, eval_seconds, eval_timeout,
+eval_over_timeout) at the context and token count the caller chooses, `causality_check(model, tokenizer, B,
+T, device) -> {"passed", "max_abs_diff"}`, `record_step_boundary(step)` (the official clock reads its step
+log) and `TOKENIZER_VOCAB_SIZE`. `KitData.score`, `causality` and `step_boundary` serve it.
+
+"autoresearch", upstream autoresearch's prepare.py, the kit's closest public relative (a stand-in written to
+its interface and semantics is sweep/studies/script-demo/prepare.py; tests/kit_standin builds copies of
+it). What this adapter uses of it, and assumes no more of:
 - a tokenizer: `get_tokenizer()` if defined, else `Tokenizer.from_directory()`; its methods
   get_vocab_size(), get_bos_token_id(), encode(str | list[str]) and decode(ids);
 - `make_dataloader(tokenizer, B, T, split, ...)`, split "train" or "val": an endless iterator of
@@ -35,6 +45,7 @@ the kit's own, and x, y are separate tensors rather than views of one row.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -52,9 +63,12 @@ from model.data.files import DataError, digest
 from model.data.rows import IGNORE_INDEX, ScoringSet, batch_rows, sample_indices
 from model.data.tokenizer import Tokenizer, special_tokens
 
-__all__ = ["ENV_VAR", "KitBatchLoader", "KitData", "KitTokenizer", "batch_digest", "load_kit"]
+__all__ = ["ENV_VAR", "KitBatchLoader", "KitData", "KitTokenizer", "batch_digest", "dialect_of", "load_kit"]
 
 ENV_VAR = "TRNSWEEP_KIT_PREPARE"
+KIT, AUTORESEARCH = "kit", "autoresearch"  # the two dialects (see the module doc)
+# The kit dialect's validation split (the official score reads a private one of the same shape).
+KIT_VAL_SPLIT = "public_val"
 _PROBE = "The kit's tokenizer, fingerprinted: 0123456789 — ünïcödé ✓"
 
 
@@ -146,6 +160,12 @@ class KitData:
     is_kit = True
     # Who splits the kit's rows across ranks: "kit" (its loader gives each rank its own) or "adapter".
     split: str | None = None
+    dialect: str = AUTORESEARCH  # KIT or AUTORESEARCH: which prepare.py this is (see the module doc)
+
+    @property
+    def val_split(self) -> str:
+        """The validation split's name in this dialect."""
+        return KIT_VAL_SPLIT if self.dialect == KIT else "val"
 
     @property
     def vocab_size(self) -> int:
@@ -177,10 +197,13 @@ class KitData:
             "vocab_size": self.vocab_size,
             "eval_seq_len": self.eval_seq_len,
             "eval_tokens": self.eval_tokens,
+            "dialect": self.dialect,
         }
 
     @property
     def loader_takes_ranks(self) -> bool:
+        if self.dialect == KIT:
+            return True  # it reads the rank from the process group itself
         return _declares(self.module.make_dataloader, "rank", "world_size")
 
     def make_loader(
@@ -206,6 +229,8 @@ class KitData:
         module doc). Every rank must call it at the same point when `same_on_all_ranks` is a collective."""
         if world_size == 1:
             return "adapter"  # one rank reads the whole stream either way
+        if self.dialect == KIT:
+            self.split = "kit"  # its make_dataloader is split by rank already: never split again
         if self.split is None:
             if same_on_all_ranks is None:
                 self.split = "kit" if self.loader_takes_ranks else "adapter"
@@ -238,11 +263,11 @@ class KitData:
         rows of the kit's validation stream, shared across ranks."""
         n_rows = max(1, n_tokens // seq_len)
         if self.split_mode(batch_size, seq_len, rank, world_size, same_on_all_ranks) == "adapter":
-            xs, ys = self.rows("val", seq_len, batch_size, range(n_rows))
+            xs, ys = self.rows(self.val_split, seq_len, batch_size, range(n_rows))
             return batch_rows(xs, ys, batch_size, rank, world_size, self.bos_id)
         # The kit's loader gives this rank its own rows: take this rank's share of them.
         step = world_size * batch_size
-        it = self.make_loader(batch_size, seq_len, "val", rank, world_size)
+        it = self.make_loader(batch_size, seq_len, self.val_split, rank, world_size)
         batches = []
         for start in range(0, n_rows, step):
             valid = max(0, min(batch_size, n_rows - start - rank * batch_size))
@@ -262,7 +287,7 @@ class KitData:
         """The rows evaluate_bpb(model, tokenizer, batch_size) scores, or a fixed sample of `sample_rows` of them,
         split across ranks; None when the kit does not say which rows those are (score with `evaluate`)."""
         seq_len, tokens = self.eval_seq_len, self.eval_tokens
-        if seq_len is None or tokens is None:
+        if self.dialect == KIT or seq_len is None or tokens is None:
             return None
         mode = self.split_mode(batch_size, seq_len, rank, world_size, same_on_all_ranks)
         if mode == "kit" and not self.loader_takes_ranks:
@@ -293,6 +318,79 @@ class KitData:
         """The kit's fixed metric, evaluate_bpb(model, tokenizer, batch_size), returned as is."""
         return _call(self.module.evaluate_bpb, model, self.tokenizer.kit, batch_size, device=self.device)
 
+    # ---- the kit dialect's scorer, causality check and step log ----
+
+    @contextlib.contextmanager
+    def one_process(self) -> Iterator[None]:
+        """While it lasts, the kit's get_dist_info() answers a single process, (False, 0, 0, 1), as it does
+        in `prepare.py eval-public`: the kit's evaluate_bpb then reads the whole split on this rank rather
+        than this rank's share, so a multi-rank run scores exactly what the official scorer scores."""
+        original = getattr(self.module, "get_dist_info", None)
+        if callable(original):
+            self.module.get_dist_info = _single_process
+        try:
+            yield
+        finally:
+            if callable(original):
+                self.module.get_dist_info = original
+
+    @property
+    def scores_alone(self) -> bool:
+        """Whether one_process() can make the kit score as a single process (it defines get_dist_info)."""
+        return callable(getattr(self.module, "get_dist_info", None))
+
+    def score(self, model: torch.nn.Module, batch_size: int, seq_len: int, max_tokens: int,
+              device: Any) -> dict[str, Any]:
+        """The kit dialect's evaluate_bpb(model, tokenizer, B, T, device, split="public_val", max_tokens=N) on
+        `model` in eval mode, called as `prepare.py eval-public` calls the submission's model (float32, no
+        autocast of ours); returns the kit's dict as it is, its values made plain numbers."""
+        self._require(KIT, "evaluate_bpb(model, tokenizer, B, T, device, ...)")
+        was_training = model.training
+        model.eval()
+        try:
+            got = self.module.evaluate_bpb(_Tally(model, self.token_bytes, None, None), self.tokenizer.kit,
+                                           batch_size, seq_len, _device_name(device), split=self.val_split,
+                                           max_tokens=max_tokens)
+        finally:
+            model.train(was_training)
+        if not isinstance(got, dict) or "val_bpb" not in got:
+            raise DataError(self.path, f"evaluate_bpb returned {type(got).__name__}, not a dict with val_bpb")
+        return {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in got.items()}
+
+    def causality(self, model: torch.nn.Module, batch_size: int, seq_len: int, device: Any) -> dict[str, Any] | None:
+        """The kit's causality_check(model, tokenizer, B, T, device) -> {"passed", "max_abs_diff"}; None when
+        the kit defines none."""
+        check = getattr(self.module, "causality_check", None)
+        if not callable(check):
+            return None
+        was_training = model.training
+        model.eval()
+        try:
+            got = check(_Tally(model, self.token_bytes, None, None), self.tokenizer.kit, batch_size, seq_len,
+                        _device_name(device))
+        finally:
+            model.train(was_training)
+        return {"passed": bool(got["passed"]), "max_abs_diff": float(got["max_abs_diff"])}
+
+    def step_boundary(self, step: int) -> None:
+        """The kit's record_step_boundary(step), after each step's synchronise; nothing when it has none."""
+        record = getattr(self.module, "record_step_boundary", None)
+        if callable(record):
+            record(step)
+
+    def _require(self, dialect: str, what: str) -> None:
+        if self.dialect != dialect:
+            raise DataError(self.path, f"is a prepare.py of the {self.dialect} dialect: it has no {what}")
+
+
+def _single_process() -> tuple[bool, int, int, int]:
+    return False, 0, 0, 1
+
+
+def _device_name(device: Any) -> str:
+    """A device as the kit takes it: "cpu", "cuda:0", "neuron" (a string, as its command line passes it)."""
+    return str(device) if device is not None else "cpu"
+
 
 class _Tally(torch.nn.Module):
     """The model as the kit's evaluate_bpb calls it, counting what it scores (as model.evaluate does)."""
@@ -305,15 +403,26 @@ class _Tally(torch.nn.Module):
         self.autocast = autocast
         self.totals = {"nats": 0.0, "tokens": 0, "bytes": 0, "rows": 0}
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        device = self.device if self.device is not None else y.device
-        xd, yd = x.to(device, torch.int64), y.to(device, torch.int64)
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, reduction: str = "mean",
+                loss_reduction: str | None = None) -> torch.Tensor:
+        """Logits without targets; else the loss, per token (shaped as y) under either keyword teams' models
+        take, reduction="none" (autoresearch's) or loss_reduction="none"."""
+        reduction = loss_reduction or reduction
+        device = self.device if self.device is not None else x.device
+        xd = x.to(device, torch.int64)
+        if y is None:
+            if self.autocast is None:
+                return self.model(xd)
+            with self.autocast:
+                return self.model(xd).float()
+        yd = y.to(device, torch.int64)
         if self.autocast is None:
             loss = self.model(xd, yd, reduction=reduction)
         else:
             with self.autocast:
                 loss = self.model(xd, yd, reduction=reduction)
         if reduction == "none":
+            loss = loss.reshape(y.shape)
             yc = y.to("cpu", torch.int64).reshape(-1)
             nbytes = torch.where(yc >= 0, self.token_bytes[yc.clamp(min=0)], 0)
             counted = nbytes > 0
@@ -322,6 +431,10 @@ class _Tally(torch.nn.Module):
             self.totals["bytes"] += int(nbytes.sum())
             self.totals["rows"] += int(y.shape[0])
         return loss.float().to(y.device)
+
+    def grow_rotary(self, length: int) -> None:
+        if hasattr(self.model, "grow_rotary"):
+            self.model.grow_rotary(length)
 
 
 class KitBatchLoader:
@@ -385,6 +498,11 @@ def _import(path: Path) -> ModuleType:
     key = str(path.resolve())
     if key in _MODULES:
         return _MODULES[key]
+    for module in list(sys.modules.values()):  # imported already (a submission's `import prepare`): that one
+        where = getattr(module, "__file__", None)
+        if where and Path(where).resolve() == Path(key):
+            _MODULES[key] = module
+            return module
     name = "trnsweep_kit_" + hashlib.sha1(key.encode()).hexdigest()[:10]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -415,11 +533,14 @@ def load_kit(path: str | os.PathLike[str] | None = None, device: str = "cpu") ->
     if not p.is_file():
         raise DataError(p, "no such prepare.py")
     module = _import(p)
+    dialect = dialect_of(module)
     for name in ("make_dataloader", "get_token_bytes", "evaluate_bpb"):
         if not callable(getattr(module, name, None)):
             raise DataError(p, f"prepare.py defines no {name}()")
     try:
-        if callable(getattr(module, "get_tokenizer", None)):
+        if dialect == KIT:
+            kit_tok = module.ensure_tokenizer()
+        elif callable(getattr(module, "get_tokenizer", None)):
             kit_tok = module.get_tokenizer()
         elif hasattr(module, "Tokenizer") and hasattr(module.Tokenizer, "from_directory"):
             kit_tok = module.Tokenizer.from_directory()
@@ -435,5 +556,16 @@ def load_kit(path: str | os.PathLike[str] | None = None, device: str = "cpu") ->
     if token_bytes.shape != (tokenizer.vocab_size,):
         shape = tuple(token_bytes.shape)
         raise DataError(p, f"get_token_bytes has shape {shape}, the vocabulary {tokenizer.vocab_size} tokens")
+    declared = _int_constant(module, "TOKENIZER_VOCAB_SIZE")
+    if dialect == KIT and declared is not None and declared != tokenizer.vocab_size:
+        raise DataError(p, f"TOKENIZER_VOCAB_SIZE is {declared}, its tokenizer has {tokenizer.vocab_size} tokens")
     fingerprint = digest(p.read_bytes(), tokenizer.fingerprint, token_bytes.numpy().tobytes(), size=6)
-    return KitData(module, p, tokenizer, token_bytes, fingerprint, device)
+    return KitData(module, p, tokenizer, token_bytes, fingerprint, device, dialect=dialect)
+
+
+def dialect_of(module: ModuleType) -> str:
+    """KIT when the module defines the competition kit's names (ensure_tokenizer, make_dataloader), else
+    AUTORESEARCH (Tokenizer.from_directory or get_tokenizer, evaluate_bpb(model, tokenizer, batch_size))."""
+    if callable(getattr(module, "ensure_tokenizer", None)) and callable(getattr(module, "make_dataloader", None)):
+        return KIT
+    return AUTORESEARCH

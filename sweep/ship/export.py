@@ -3,17 +3,17 @@
 Writes four files into DIR (a study of a team's script: its ``train.py`` with the trial's constants, which
 differs from the script only in those literals, ``launch.sh`` and ``provenance.json``; :func:`export_script`):
 
-- ``train.py``: one self-contained file under the upload limit. It carries the ``model`` and
-  ``kernels`` packages as they are on disk (:mod:`sweep.ship.bundle`), so it runs the project's own
-  trainer, the code the sweep trained, with the trial's resolved config (its result record's
-  ``config``) baked in. The keys that describe the sweep's machine rather than the configuration are
-  set to what a submission needs (:data:`SUBMISSION`, listed again at the top of the file). Launched
-  with no arguments it trains for the competition's budget, writes ``out/final.pt`` and prints the
-  summary block; ``load_for_eval(checkpoint_path, device)`` is defined at its top level.
-  ``TRAIN_OVERRIDES`` (a JSON object merged over the config) runs it elsewhere, e.g. on the CPU for
-  a few seconds on the demo corpus.
-- ``launch.sh``: ``NEURON_LOGICAL_NC_CONFIG={1|2} torchrun --standalone --nproc_per_node={1|4|8} train.py``
-  from the trial's launch shape (what the worker recorded, else the spec's).
+- ``train.py``: a competition submission in the kit's dialect, one self-contained file under the upload
+  limit (docs/competition.md lists the kit's rules it follows and how each is tested). Its hyperparameters
+  are module constants at its top, the trial's resolved config (its result record's ``config``) less the
+  keys that belong to the machine or the kit (:data:`SUBMISSION`): those come from the kit's prepare.py
+  beside it and from the baseline's flags, each with its ``NEURON_COMPETITION_R1_*`` fallback. It carries
+  the ``model`` and ``kernels`` packages as they are on disk (:mod:`sweep.ship.bundle`), so it runs the
+  project's own trainer, the code the sweep trained, on the kit's data; ``load_for_eval(checkpoint_path,
+  device)`` is defined at its top level. Everything but the constants block is the template's text, so two
+  exports differ only in their constants.
+- ``launch.sh``: the competition's launch line, all of the chip's ranks at the trial's logical-core
+  config: ``NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py`` or LNC=2 with 4.
 - ``inference.py``: scores CORE on the checkpoint with the bundled ``model.inference``.
 - ``provenance.json``: study, trial, params, val_bpb (the record's), the objective's values, the code
   version exported and the one the trial ran, the bundle's module digests, the sha256 of ``train.py``
@@ -36,13 +36,12 @@ import contextlib
 import datetime
 import hashlib
 import json
-import pprint
 import re
 import shlex
 from pathlib import Path
 from typing import Any, TextIO
 
-from model.config import ConfigError, RunConfig, parse_config
+from model.config import ConfigError, RunConfig, parse_config, resolve_batch
 from sweep import neuron
 from sweep.ship import bundle, rehearse
 from sweep.spec import objective as obj
@@ -50,28 +49,46 @@ from sweep.store.artifacts import code_version
 from sweep.study import best_trial, fail, load_study, parse_seconds
 
 COMPETITION_BUDGET_S = 1800.0  # TRAIN_TIME_BUDGET_SECONDS of the kit
-COMPETITION_VOCAB = 8192  # TOKENIZER_VOCAB_SIZE of the kit
-COMPETITION_RANKS = (1, 4, 8)
-OVERRIDES_ENV = "TRAIN_OVERRIDES"
-KIT_ENV = "TRNSWEEP_KIT_PREPARE"  # model.data.kit.ENV_VAR (sweep does not import model)
+CHIP_CORES = 8  # physical NeuronCores of a trn2 chip: a scored run uses all of them, 8 // LNC ranks
+EVAL_PUBLIC = "python prepare.py eval-public --train-py train.py --checkpoint out/final.pt"
 
-# Trainer keys that belong to the machine, not the configuration: what a submission runs with, and why.
+
+def eval_public_line(config: dict[str, Any]) -> str:
+    """The kit's scorer on the checkpoint, at the rows the exported file's --eval-public scores by default and
+    the trial's record scored: context EVAL_SEQ_LEN (0: SEQ_LEN), FINAL_EVAL_TOKENS tokens, batches of
+    BATCH_SIZE rows (the kit names only --seq-len publicly; the other two are the flags of this project's
+    kit-dialect stand-in: adjust them to the kit's own)."""
+    seq_len = config.get("eval_seq_len") or config["seq_len"]
+    return (f"{EVAL_PUBLIC} --seq-len {seq_len} --eval-tokens {config['final_eval_tokens']} "
+            f"--batch-size {config['batch_size']}")
+
+# Trainer keys that belong to the machine or the kit, not the configuration: what a submission runs with, and
+# why. The exported train.py sets them at start-up; every other key of the trial's config is a constant in it.
 SUBMISSION: dict[str, tuple[Any, str]] = {
-    "device": ("neuron", "the competition's Trainium2 chip"),
-    "data": ("kit", "the kit's prepare.py: its data, tokenizer and loaders (found when train.py starts)"),
+    "device": ("neuron", "--device-type (default neuron, the competition's Trainium2 chip)"),
+    "data": ("kit", "the kit's prepare.py beside train.py: its tokenizer, make_dataloader and scorer"),
+    "vocab_size": (0, "the kit's tokenizer's (TOKENIZER_VOCAB_SIZE), whatever the study trained on"),
     "tokenizer": ("", "the kit's tokenizer"),
-    "val_shard": ("", "the kit's validation split"),
+    "val_shard": ("", "the kit's public_val split, read only with --eval-public"),
     "cache_dir": (RunConfig.cache_dir, "the trainer's default, not the sweep machine's path"),
     "num_threads": (RunConfig.num_threads, "the trainer's (torch's) default; a sweep pins CPU threads"),
-    "startup_allowance_s": (900.0, "TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS of the kit"),
-    "excluded_steps": (2, "the lower of the kit's reported TRAIN_STARTUP_STEPS_EXCLUDED (2 or 5): never under-charge"),
-    "max_steps": (0, "the charged clock alone ends training"),
-    "eval_fractions": ([], "no intermediate evaluations: an outside clock would charge them"),
+    "budget_s": (COMPETITION_BUDGET_S, "--max-train-seconds (default the kit's TRAIN_TIME_BUDGET_SECONDS) less "
+                 "the checkpoint's reserve"),
+    "startup_allowance_s": (900.0, "the kit's TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS"),
+    "excluded_steps": (5, "the kit's TRAIN_STARTUP_STEPS_EXCLUDED"),
+    "eval_fractions": ([], "no intermediate evaluations: no validation data is read while training"),
     "eval_at_start": (False, "no evaluation before training"),
+    "eval_tokens": (RunConfig.eval_tokens, "unused: no intermediate evaluations"),
+    "final_eval_rows": (0, "the kit's evaluate_bpb scores every row"),
     "save_checkpoint": (True, "out/final.pt is what the evaluation reads"),
     "core_bundle": ("", "the competition scores CORE itself, after training, through inference.py"),
-    "eval_seq_len": (0, "the final val_bpb at the kit's MAX_SEQ_LEN, as its evaluate_bpb scores"),
+    "max_loss": (100.0, "the kit's bad-loss bound: a NaN loss or one over 100 stops every rank"),
+    "log_every": (1, "the loss read every step, for the progress line's EMA and the bad-loss check"),
 }
+# Trial values kept as constants that a flag may override: its default.
+FLAG_DEFAULTS = {"seed": "--seed", "compile": "--compile", "eval_seq_len": "--eval-seq-len (0: SEQ_LEN)",
+                 "max_steps": "--num-steps (0: the charged clock alone)", "final_eval_tokens": "--eval-tokens",
+                 "batch_size": "--eval-batch-size"}
 
 
 class ExportError(ValueError):
@@ -86,7 +103,8 @@ def add_parser(sub: Any) -> None:
                    "required for a pareto study: one of its front)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the files into")
     p.add_argument("--budget-s", type=parse_seconds, default=COMPETITION_BUDGET_S, metavar="N",
-                   help=f"charged training seconds baked in (default {COMPETITION_BUDGET_S:g}, the competition's)")
+                   help=f"train.py's --max-train-seconds default (default {COMPETITION_BUDGET_S:g}: the kit's "
+                   "TRAIN_TIME_BUDGET_SECONDS)")
     p.add_argument("--cold-rehearsal", action="store_true", help="first run the candidate once on an empty compile "
                    "cache, here (a competition node for the scorer's figure), and report its cold start-up")
     p.add_argument("--margin-s", type=parse_seconds, default=rehearse.DEFAULT_MARGIN_S, metavar="S",
@@ -117,9 +135,11 @@ def main(spec: Any, url: str, args: argparse.Namespace, out: TextIO) -> int:
     shown = {"val_bpb": p["val_bpb"], **p["values"]}
     values = ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} ?" for k, v in shown.items())
     print(f"exported trial {p['trial']} of study {p['study']} ({values}) to {args.out}: "
-          f"train.py {p['train_py_bytes']:,} bytes ({p.get('bundle', {}).get('encoding', 'the team script')}), "
-          f"launch: {p['launch']}", file=out,
-          flush=True)
+          f"train.py {p['train_py_bytes']:,} bytes of the upload limit's {bundle.UPLOAD_LIMIT_BYTES:,} "
+          f"({p.get('bundle', {}).get('encoding', 'the team script')})", file=out, flush=True)
+    print(f"launch: {p['launch']}", file=out, flush=True)
+    if "eval_public" in p:
+        print(f"check:  {p['eval_public']}", file=out, flush=True)
     return 0
 
 
@@ -198,7 +218,8 @@ def submission_config(config: dict[str, Any], budget_s: float) -> dict[str, Any]
 
 
 def launch_shape(spec: Any, t: Any) -> tuple[int, int, str | None]:
-    """(ranks, lnc, NEURON_CC_FLAGS) the trial ran with: as the worker recorded them, else as its spec says."""
+    """(ranks, lnc, NEURON_CC_FLAGS) the trial ran with: as the worker recorded them, else as its spec says
+    (:func:`export` launches all of the chip's ranks at that LNC)."""
     ranks, lnc = t.user_attrs.get("launch_ranks"), t.user_attrs.get("launch_lnc")
     flags = t.user_attrs.get("neuron_cc_flags")
     try:
@@ -213,9 +234,6 @@ def launch_shape(spec: Any, t: Any) -> tuple[int, int, str | None]:
     flags = flags if flags is not None else s_flags
     if lnc not in neuron.LNC_VALUES:
         raise ExportError(f"trial {t.number} ran with NEURON_LOGICAL_NC_CONFIG={lnc}; the competition takes 1 or 2")
-    if ranks not in COMPETITION_RANKS or ranks > 8 // lnc:
-        raise ExportError(f"trial {t.number} ran with {ranks} rank(s) at LNC {lnc}; the competition launches "
-                          f"1, 4 or 8 ranks, at most {8 // lnc} at LNC {lnc}")
     return ranks, lnc, flags
 
 
@@ -255,6 +273,19 @@ def _code_matches(exported: dict[str, Any], trained: dict[str, Any]) -> bool | N
     return None if exported.get("git_dirty") or trained.get("git_dirty") else True
 
 
+def constants(config: dict[str, Any]) -> dict[str, Any]:
+    """The trial's config as the exported file's constants: every key but the machine's and the kit's."""
+    return {k.upper(): v for k, v in config.items() if k not in SUBMISSION and k not in RETIRED_KEYS}
+
+
+def constants_block(meta: dict[str, Any], hyper: dict[str, Any]) -> str:
+    """``NAME = literal`` lines: the trial's identity, then HYPERPARAMETERS and one constant per key."""
+    lines = [f"{k} = {v!r}" for k, v in meta.items()]
+    lines.append(f"HYPERPARAMETERS = {tuple(hyper)!r}  # the trainer's keys below, upper-cased")
+    lines += [f"{k} = {v!r}" for k, v in hyper.items()]
+    return "\n".join(lines)
+
+
 def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = COMPETITION_BUDGET_S,
            root: Path = bundle.REPO_ROOT) -> dict[str, Any]:
     """Write train.py, launch.sh and provenance.json for trial ``t``; returns the provenance and warnings."""
@@ -262,13 +293,15 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         raise ExportError(f"--out {out_dir}: exists and is not a directory")
     if spec.script is not None:
         return export_script(spec, study_name, t, out_dir, root)
-    ranks, lnc, flags = launch_shape(spec, t)
+    trained_ranks, lnc, flags = launch_shape(spec, t)
+    ranks = CHIP_CORES // lnc
     trained_config = record_config(t) or {}
     config = submission_config(trained_config, budget_s)
     try:  # what train.py would refuse at start-up, refused here (the model itself evaluates at any length)
-        parse_config(config)
+        parsed = parse_config({k: v for k, v in config.items() if k != "vocab_size"})
+        resolve_batch(parsed, ranks)
     except ConfigError as e:
-        raise ExportError(f"trial {t.number}: train.py would refuse its configuration: {e}") from None
+        raise ExportError(f"trial {t.number}: train.py would refuse its configuration at {ranks} ranks: {e}") from None
     launch_env = launch_env_of(flags, t)
     version = code_version(root)
     trained_version = {k: t.user_attrs[k] for k in ("git_commit", "git_dirty") if k in t.user_attrs}
@@ -277,10 +310,9 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
     if matches is False:
         warnings.append(f"trial {t.number} ran code at commit {trained_version['git_commit'][:12]}; this export "
                         f"bundles {version['git_commit'][:12]}")
-    if config.get("vocab_size") != COMPETITION_VOCAB:
-        warnings.append(f"the kit's tokenizer has {COMPETITION_VOCAB} tokens and this configuration "
-                        f"{config.get('vocab_size')}: train.py refuses the kit's data (TRAIN_OVERRIDES can point "
-                        "it at other data)")
+    if trained_ranks != ranks and not config.get("total_batch_tokens"):
+        warnings.append(f"trial {t.number} ran on {trained_ranks} rank(s); the competition launches {ranks} at LNC "
+                        f"{lnc}, so each step reads {ranks / trained_ranks:g} times the trial's batch")
 
     modules = bundle.collect(root)
     # A single study's value is val_bpb; a composite or pareto study's val_bpb is the record's.
@@ -290,7 +322,15 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
             "trained_budget_s": trained_config.get("budget_s"), "trained_device": t.user_attrs.get("device"),
             "version": version, "lnc": lnc, "launch": launch_line(ranks, lnc),
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    text, encoding = bundle.render(*train_program(info, config, launch_env, lnc), modules)
+    meta = {"STUDY": study_name, "TRIAL": t.number, "RECORDED_VAL_BPB": val_bpb,
+            "TRAINED_RANKS": trained_ranks, "TRAINED_LNC": lnc, "LAUNCH": info["launch"], "LAUNCH_ENV": launch_env,
+            "CODE_VERSION": version.get("git_commit", "unknown") + (" (uncommitted changes)"
+                                                                   if version.get("git_dirty") else ""),
+            "EXPORTED_AT": info["exported_at"],
+            # --max-train-seconds' default: None, the kit's TRAIN_TIME_BUDGET_SECONDS, unless --budget-s said otherwise
+            "MAX_TRAIN_SECONDS": None if budget_s == COMPETITION_BUDGET_S else float(budget_s)}
+    hyper = constants(trained_config)
+    text, encoding = bundle.render(*train_program(meta, hyper), modules)
     data = text.encode("utf-8")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train.py").write_bytes(data)
@@ -304,8 +344,10 @@ def export(spec: Any, study_name: str, t: Any, out_dir: Path, budget_s: float = 
         "objective": spec.objective.describe(),
         "trained_budget_s": info["trained_budget_s"], "trained_device": info["trained_device"],
         "budget_s": float(budget_s), "config": config,
-        "submission_keys": {k: why for k, (_, why) in SUBMISSION.items()},
-        "launch": info["launch"], "ranks": ranks, "lnc": lnc, "launch_env": launch_env,
+        "submission_keys": {k: why for k, (_, why) in SUBMISSION.items()}, "flag_defaults": FLAG_DEFAULTS,
+        "launch": info["launch"], "ranks": ranks, "trained_ranks": trained_ranks, "lnc": lnc,
+        "launch_env": launch_env, "eval_public": eval_public_line(config),
+        "constants": hyper,
         "code_version": version, "trial_code_version": trained_version, "code_matches_trial": matches,
         "spec_hash": t.user_attrs.get("spec_hash"),
         "bundle": {"id": bundle.bundle_id(modules), "encoding": encoding,
@@ -403,20 +445,9 @@ def fill_around_bundle(name: str, text: dict[str, Any], literals: dict[str, str]
     return fill(name, text, literals, head), fill(name, text, literals, tail)
 
 
-def train_program(info: dict[str, Any], config: dict[str, Any], launch_env: dict[str, str],
-                  lnc: int) -> tuple[str, str]:
-    """train.py before and after the bundle: the docstring says what was set for a submission and why."""
-    set_keys = "\n".join(f"    {k} = {config[k]!r}: {why}" for k, (_, why) in SUBMISSION.items())
-    v = info["version"]
-    val = f"{info['val_bpb']:.4f}" if isinstance(info["val_bpb"], float) else info["val_bpb"]
-    text = {"study": info["study"], "trial": info["trial"], "val": val, "trained_s": info["trained_budget_s"],
-            "trained_on": info["trained_device"], "launch": info["launch"], "budget": f"{config['budget_s']:g}",
-            "budget_repr": repr(config["budget_s"]), "set_keys": set_keys, "kit_env": KIT_ENV,
-            "overrides_env": OVERRIDES_ENV, "commit": v.get("git_commit", "unknown"),
-            "dirty": " (uncommitted changes)" if v.get("git_dirty") else "", "exported_at": info["exported_at"]}
-    literals = {"LAUNCH_ENV": repr(launch_env), "CONFIG": pprint.pformat(config, width=110, sort_dicts=True),
-                "TRAINED_LNC": str(lnc), "KIT_ENV": repr(KIT_ENV), "OVERRIDES_ENV": repr(OVERRIDES_ENV)}
-    return fill_around_bundle("train.py", text, literals)
+def train_program(meta: dict[str, Any], hyper: dict[str, Any]) -> tuple[str, str]:
+    """train.py before and after the bundle: the template with the constants block filled in, nothing else."""
+    return fill_around_bundle("train.py", {}, {"CONSTANTS": constants_block(meta, hyper)})
 
 
 def inference_program(info: dict[str, Any]) -> tuple[str, str]:

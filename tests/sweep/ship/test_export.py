@@ -9,11 +9,14 @@ import inspect
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from sweep import cli
 from sweep import store as st
@@ -83,7 +86,7 @@ def study(tmp_path, tiny_config, monkeypatch):
     s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=2.9,
                                           user_attrs={**attrs, "launch_ranks": 2}))
     s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.1,
-                                          user_attrs={**attrs, "config": {**config, "final_eval_rows": -1}}))
+                                          user_attrs={**attrs, "config": {**config, "batch_size": 0}}))
     s.add_trial(optuna.trial.create_trial(params=PARAMS, distributions=dists, value=3.2,
                                           user_attrs={**attrs, "neuron_cc_flags": "--optlevel=1",
                                                       "neuron_opt_level": "-O1"}))
@@ -94,153 +97,235 @@ def export(study_path: Path, out: Path, *extra: str) -> int:
     return cli.main(["export", str(study_path), "--out", str(out), *extra])
 
 
-@pytest.mark.slow
-def test_exported_train_py_trains_alone_and_load_for_eval_reads_its_checkpoint(study, tmp_path, tiny_config,
-                                                                                capsys):
-    out = tmp_path / "submission"
-    assert export(study, out) == 0, capsys.readouterr().err
-    printed, warned = capsys.readouterr()
-    assert "exported trial 0 of study exp" in printed
-    assert "ran code at commit 000000000000" in warned  # the record says another commit trained it
-    assert "8192 tokens" in warned  # a 512-token vocabulary cannot use the kit's data
+# The kit's summary block, in its order (docs/competition.md); --eval-public adds EVAL_FIELDS.
+SUMMARY_FIELDS = ["checkpoint_path", "training_seconds", "budget_seconds", "target_steps", "max_train_seconds",
+                  "startup_allowance_est", "charged_seconds_est", "over_budget", "total_seconds", "compiled",
+                  "num_steps", "total_tokens_M", "world_size", "lnc", "seq_len", "num_params_M"]
+EVAL_FIELDS = ["causality_passed", "causality_max_abs", "public_val_bpb", "eval_seconds", "eval_timeout",
+               "eval_over_timeout"]
+PROGRESS = re.compile(r"step (\d{5}) \| loss (\d+\.\d{4}) \| lrm \d\.\d{3} \| dt \d+\.\d\ds \| tok/s [\d,]+ \| "
+                      r"remaining_steps \d+ \| remaining_time \d+s \| epoch \d+")
 
+
+def run_dir_beside(kit: Path, tmp_path: Path, train_py: bytes, name: str = "run") -> Path:
+    """A team's folder: the kit's prepare.py and the exported train.py (the kit's data stays in `kit`)."""
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    (run_dir / "prepare.py").write_bytes((kit / "prepare.py").read_bytes())
+    (run_dir / "train.py").write_bytes(train_py)
+    return run_dir
+
+
+def kit_env(kit: Path, **extra: str) -> dict[str, str]:
+    return isolated_env(NEURON_COMPETITION_R1_CACHE_DIR=str(kit), **extra)
+
+
+def launch(run_dir: Path, ranks: int, args: list[str], env: dict[str, str],
+           timeout: float = 300) -> subprocess.CompletedProcess:
+    """torchrun --standalone --nproc_per_node=RANKS train.py ARGS, each rank with the repository unreachable."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "--no-python",
+           sys.executable, "-c", RUN, "train.py", *args]
+    return subprocess.run(cmd, cwd=run_dir, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def summary_of(stdout: str) -> dict[str, str]:
+    lines = stdout.splitlines()
+    block = lines[lines.index("---") + 1:]
+    return dict(line.split(": ", 1) for line in block)
+
+
+def eval_public(run_dir: Path, kit: Path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "prepare.py", "eval-public", "--train-py", "train.py",
+                           "--checkpoint", "out/final.pt", *args], cwd=run_dir, capture_output=True, text=True,
+                          timeout=240, env=kit_env(kit))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_export_trains_beside_the_kit_and_its_scorer_agrees_with_the_record(study, kit_dialect, tmp_path,
+                                                                                capsys, ranks):
+    out = tmp_path / "sub"
+    assert export(study, out) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out.splitlines()
+    prov = json.loads((out / "provenance.json").read_text())
+    assert printed[1] == "launch: NEURON_LOGICAL_NC_CONFIG=2 torchrun --standalone --nproc_per_node=4 train.py"
+    check = "python prepare.py eval-public --train-py train.py --checkpoint out/final.pt --seq-len 32 " \
+            "--eval-tokens 2048 --batch-size 4"  # the rows the trial's record scored
+    assert printed[2] == f"check:  {check}" and prov["eval_public"] == check
+    text = (out / "train.py").read_bytes()
+    assert f"train.py {len(text):,} bytes of the upload limit's 262,144" in printed[0]
+
+    run_dir = run_dir_beside(kit_dialect, tmp_path, text)
+    step_log = tmp_path / "steps.log"
+    # Flags on one run, their NEURON_COMPETITION_R1_* fallbacks on the other.
+    flags = ["--device-type", "cpu", "--num-steps", "7", "--eval-public", "--eval-tokens", "4096",
+             "--eval-seq-len", "64"]
+    fallbacks = {"NEURON_COMPETITION_R1_DEVICE_TYPE": "cpu", "NEURON_COMPETITION_R1_NUM_STEPS": "7",
+                 "NEURON_COMPETITION_R1_EVAL_PUBLIC": "1", "NEURON_COMPETITION_R1_EVAL_TOKENS": "4096",
+                 "NEURON_COMPETITION_R1_EVAL_SEQ_LEN": "64"}
+    env = kit_env(kit_dialect, NEURON_COMPETITION_R1_STEP_LOG=str(step_log), **({} if ranks == 1 else fallbacks))
+    proc = launch(run_dir, ranks, flags if ranks == 1 else [], env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    summary = summary_of(proc.stdout)
+    assert list(summary) == SUMMARY_FIELDS + EVAL_FIELDS  # every field, in order, the block last
+    assert summary["num_steps"] == "7" and summary["target_steps"] == "7" and summary["world_size"] == str(ranks)
+    assert summary["seq_len"] == "32" and summary["causality_passed"] == "True"
+    assert summary["checkpoint_path"] == "out/final.pt" and summary["over_budget"] == "False"
+    assert summary["budget_seconds"] == "1800.0" and summary["max_train_seconds"] == "1800.0"
+    progress = [m for m in map(PROGRESS.fullmatch, proc.stdout.splitlines()) if m]
+    assert [int(m[1]) for m in progress] == [0, 1, 2, 3, 4]  # rank 0 alone prints, at steps < 5 and every 10th
+    # The kit's clock: record_step_boundary after every step (the stand-in logs rank 0's)
+    assert [int(line.split()[0]) for line in step_log.read_text().splitlines()] == list(range(7))
+
+    result = json.loads((run_dir / "out" / "result.json").read_text())
+    assert result["kit_dialect"] == "kit" and result["config"]["vocab_size"] == 8192  # the kit's vocabulary
+    assert result["config"]["excluded_steps"] == 5 and result["config"]["startup_allowance_s"] == 900
+    assert result["config"]["depth"] == 1 and result["config"]["matrix_lr"] == 0.02  # the trial's constants
+    recorded = result["kit_eval"]["val_bpb"]
+    assert float(summary["public_val_bpb"]) == pytest.approx(recorded, abs=5e-7)
+
+    # The organisers' way: the kit's scorer on the checkpoint in a fresh process, at the rows the run scored.
+    scored = eval_public(run_dir, kit_dialect, "--seq-len", "64", "--eval-tokens", "4096", "--batch-size", "4")
+    assert scored["val_bpb"] == pytest.approx(recorded, abs=1e-6)
+    assert scored["num_tokens"] == result["kit_eval"]["num_tokens"] == 4096
+    # At a longer context than it trained at (32), through the kit's own default line.
+    longer = eval_public(run_dir, kit_dialect, "--seq-len", "128", "--eval-tokens", "4096")
+    assert math.isfinite(longer["val_bpb"]) and longer["val_bpb"] != scored["val_bpb"]
+
+
+@pytest.mark.slow
+def test_the_export_is_submission_clean_by_default_and_stops_every_rank_on_a_bad_loss(study, kit_dialect, tmp_path):
+    out = tmp_path / "sub"
+    assert export(study, out) == 0
+    text = (out / "train.py").read_bytes()
+    # A kit whose public_val is not there: a default run must not need it.
+    blind = tmp_path / "blind"
+    shutil.copytree(kit_dialect, blind, ignore=shutil.ignore_patterns("public_val_*", "out"))
+    assert not list(blind.glob("data/public_val_*"))
+    run_dir = run_dir_beside(blind, tmp_path, text)
+    proc = launch(run_dir, 1, ["--device-type", "cpu", "--num-steps", "3"], kit_env(blind))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = summary_of(proc.stdout)
+    assert list(summary) == SUMMARY_FIELDS and proc.stdout.splitlines()[-1].startswith("num_params_M:")
+    assert "kit_eval" not in json.loads((run_dir / "out" / "result.json").read_text())
+    assert (run_dir / "out" / "final.pt").is_file()
+
+    # Phase 2: the exported inference.py scores CORE on that checkpoint with the same bundled code.
+    (run_dir / "inference.py").write_bytes((out / "inference.py").read_bytes())
+    proc = subprocess.run([sys.executable, "-c", RUN, "inference.py", "--checkpoint", "out/final.pt", "--bundle",
+                           "demo", "--max-examples", "2", "--cache-dir", str(tmp_path / "core"), "--num-threads", "1",
+                           "--json"], cwd=run_dir, capture_output=True, text=True, timeout=240, env=isolated_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    core = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert math.isfinite(core["core"]) and core["examples"] > 0
+
+    # --compile-only: one step, no checkpoint.
+    proc = launch(run_dir_beside(kit_dialect, tmp_path, text, "warm"), 1, ["--device-type", "cpu", "--compile-only"],
+                  kit_env(kit_dialect))
+    assert proc.returncode == 0 and "compile-only: one step ran" in proc.stdout, proc.stderr[-3000:]
+    assert not (tmp_path / "warm" / "out" / "final.pt").exists()
+
+    # A bad loss (the bound lowered to 1, under any loss of a fresh model) stops both ranks, each saying why.
+    lowered = text.replace(b"\nBAD_LOSS = 100.0\n", b"\nBAD_LOSS = 1.0\n")
+    assert lowered != text
+    proc = launch(run_dir_beside(kit_dialect, tmp_path, lowered, "bad"), 2, ["--device-type", "cpu"],
+                  kit_env(kit_dialect))
+    assert proc.returncode != 0
+    assert proc.stderr.count("RuntimeError: bad loss detected: ") == 2, proc.stderr[-3000:]
+    assert not (tmp_path / "bad" / "out" / "final.pt").exists()
+
+    # A bad flag or fallback: one line, exit 2; so is the default device where there is none (no CPU default).
+    proc = launch(run_dir, 1, [], kit_env(kit_dialect, NEURON_COMPETITION_R1_NUM_STEPS="many"))
+    assert proc.returncode != 0 and "train.py: NEURON_COMPETITION_R1_NUM_STEPS='many' is not an integer" in proc.stderr
+    proc = launch(run_dir, 1, [], kit_env(kit_dialect))
+    assert proc.returncode != 0 and proc.stderr.count("train.py: device neuron: ") == 1
+    assert 'File "train.py"' not in proc.stderr  # its one line, no traceback of the file (torchrun adds its own)
+
+
+def test_provenance_warnings_and_the_launch_of_all_the_chips_ranks(study, tmp_path, capsys):
+    out = tmp_path / "sub"
+    assert export(study, out) == 0
+    warned = capsys.readouterr().err
+    assert "ran code at commit 000000000000" in warned  # the record says another commit trained it
+    assert "trial 0 ran on 1 rank(s); the competition launches 4 at LNC 2" in warned
     text = (out / "train.py").read_bytes()
     prov = json.loads((out / "provenance.json").read_text())
     assert len(text) <= bundle.UPLOAD_LIMIT_BYTES and prov["train_py_bytes"] == len(text)
     assert prov["train_py_sha256"] == hashlib.sha256(text).hexdigest()
     assert (prov["study"], prov["trial"], prov["val_bpb"], prov["params"]) == ("exp", 0, 2.5, PARAMS)
     assert prov["code_version"] == code_version() and prov["code_matches_trial"] is False
-    assert prov["trial_code_version"] == {"git_commit": "0" * 40, "git_dirty": False}
-    # text while the sources fit the limit as text, zlib past it (the model and kernels packages now exceed it)
     assert prov["bundle"]["encoding"] in bundle.ENCODINGS and "model.train" in prov["bundle"]["modules"]
     assert "kernels._fake_nki" not in prov["bundle"]["modules"]
-    # The machine's keys are the submission's, the configuration's are the trial's.
-    cfg = prov["config"]
-    assert (cfg["device"], cfg["data"], cfg["budget_s"], cfg["num_threads"], cfg["eval_fractions"]) == \
-        ("neuron", "kit", 1800.0, 0, [])
-    assert (cfg["depth"], cfg["model_dim"], cfg["matrix_lr"], cfg["seq_len"]) == (1, 32, 0.02, 32)
-    assert cfg["cache_dir"] != tiny_config["cache_dir"]
-    launch = "NEURON_LOGICAL_NC_CONFIG=2 torchrun --standalone --nproc_per_node=1 train.py"
-    assert prov["launch"] == launch and launch in (out / "launch.sh").read_text()
-    assert os.access(out / "launch.sh", os.X_OK)
-    assert launch in text.decode() and "device = 'neuron'" in text.decode()
-
-    # Run it as the competition would, from its own directory, with the repository out of reach.
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "train.py").write_bytes(text)
-    overrides = {"device": "cpu", "data": "demo", "budget_s": 2, "cache_dir": tiny_config["cache_dir"],
-                 "num_threads": 1}
-    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
-                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides)))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    summary = [ln.split(":")[0] for ln in lines[lines.index("---") + 1:]]
-    # Every field docs/competition.md lists, and the block is the last thing it prints (the record goes to a file).
-    assert {"val_bpb", "training_seconds", "startup_allowance_est", "charged_seconds_est", "over_budget", "num_steps",
-            "total_tokens_M", "world_size", "seq_len", "num_params_M"} <= set(summary)
-    assert lines[-1].startswith("num_params_M:") and not any(ln.startswith("{") for ln in lines)
-    result = json.loads((run_dir / "out" / "result.json").read_text())
-    assert result["status"] == "ok" and result["steps"] > 3 and result["train_seconds"] <= 2 + 1.0  # generous
-    assert result["config"]["depth"] == 1 and result["config"]["excluded_steps"] == 2
-    assert (run_dir / "out" / "final.pt").is_file()
-
-    proc = subprocess.run([sys.executable, "-c", EVAL, str(run_dir / "train.py"), str(run_dir / "out" / "final.pt")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=isolated_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["shape"] == [2, 16, 512] and got["finite"] and got["training"] is False
-    assert "_bundled_" in got["model_file"]  # served by the bundle, not found on disk
-
-    # Phase 2: the exported inference.py scores CORE on that checkpoint with the same bundled code.
-    (run_dir / "inference.py").write_bytes((out / "inference.py").read_bytes())
-    proc = subprocess.run([sys.executable, "inference.py", "--checkpoint", "out/final.pt", "--bundle", "demo",
-                           "--max-examples", "4", "--cache-dir", tiny_config["cache_dir"], "--num-threads", "1",
-                           "--json"], cwd=run_dir, capture_output=True, text=True, timeout=240, env=isolated_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    core = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert math.isfinite(core["core"]) and core["core_complete"] and core["examples"] > 0
-    assert prov["inference_py_sha256"] == hashlib.sha256((out / "inference.py").read_bytes()).hexdigest()
-    assert cfg["core_bundle"] == ""  # the competition runs CORE itself
+    assert (prov["ranks"], prov["trained_ranks"], prov["lnc"]) == (4, 1, 2)
+    assert os.access(out / "launch.sh", os.X_OK) and prov["launch"] in (out / "launch.sh").read_text()
+    # The trial's keys are constants; the machine's and the kit's are not (the file sets them at start-up).
+    assert prov["constants"]["DEPTH"] == 1 and prov["constants"]["MATRIX_LR"] == 0.02
+    assert not {"DEVICE", "DATA", "VOCAB_SIZE", "CACHE_DIR", "BUDGET_S"} & set(prov["constants"])
+    assert "\nDEPTH = 1\nMODEL_DIM = 32\n" in text.decode()
+    # A trial that ran on 2 ranks exports with the chip's 4 (LNC 2), and says so.
+    assert export(study, tmp_path / "two", "--trial", "2") == 0
+    assert "trial 2 ran on 2 rank(s); the competition launches 4 at LNC 2" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_train_py_trains_on_the_kit_beside_it_and_refuses_to_run_without_one(study, tmp_path, capsys):
-    from tests.byte_kit import FAKE_PREPARE
+def test_two_studies_exports_differ_only_in_their_constants(study, tmp_path, tiny_config, capsys):
+    import optuna
 
-    out = tmp_path / "sub"
-    assert export(study, out) == 0
-    run_dir = tmp_path / "with_kit"
-    run_dir.mkdir()
-    (run_dir / "train.py").write_bytes((out / "train.py").read_bytes())
-    (run_dir / "prepare.py").write_text(FAKE_PREPARE)
-    overrides = {"device": "cpu", "budget_s": 1, "num_threads": 1, "vocab_size": 260}  # the stand-in kit's vocabulary
-    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
-                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "out" / "result.json").read_text())
-    assert result["status"] == "ok" and result["config"]["data"] == f"kit:{run_dir / 'prepare.py'}"
-    assert (run_dir / "out" / "final.pt").is_file()
+    from model.config import parse_config
+    from sweep.spec import load
 
-    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=out, capture_output=True, text=True,
-                          timeout=120, env=isolated_env(TRAIN_OVERRIDES='{"device": "cpu"}'))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("train.py: the competition kit's prepare.py was not found")
-    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=out, capture_output=True, text=True,
-                          timeout=120, env=isolated_env(TRAIN_OVERRIDES="[1]"))
-    assert proc.returncode == 2 and "TRAIN_OVERRIDES must be a JSON object" in proc.stderr
-
-
-SCORE = ISOLATED + """
-spec = importlib.util.spec_from_file_location("submission", sys.argv[1])
-sub = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sub)
-kit_spec = importlib.util.spec_from_file_location("kit_prepare", sys.argv[3])
-kit = importlib.util.module_from_spec(kit_spec)
-kit_spec.loader.exec_module(kit)
-model = sub.load_for_eval(sys.argv[2], "cpu")
-bpb = kit.evaluate_bpb(model, kit.Tokenizer.from_directory(), int(sys.argv[4]))
-print(__import__("json").dumps({"val_bpb": bpb, "max_seq_len": kit.MAX_SEQ_LEN, "seq_len": model.config.seq_len}))
-"""
+    other = {"depth": 2, "model_dim": 48, "matrix_lr": 0.03}
+    spec = load(study)
+    config = parse_config({**spec.space.trainer_config(other), "budget_s": spec.budget_s}).to_dict()
+    record = {"status": "ok", "val_bpb": 2.1, "config": config, "device": "cpu"}
+    s = optuna.create_study(study_name="other.study_2", storage=st.open_storage(os.environ["SWEEP_STORAGE"]))
+    s.add_trial(optuna.trial.create_trial(params=other, distributions=spec.space.distributions(other), value=2.1,
+                                          user_attrs={**record, "record_fields": sorted(record), "launch_ranks": 1,
+                                                      "launch_lnc": 1}))
+    other_spec = write_spec(tmp_path, "other.study_2", tiny_spec(tiny_config["cache_dir"]))
+    assert export(study, tmp_path / "a") == 0 and export(other_spec, tmp_path / "b") == 0, capsys.readouterr().err
+    a = (tmp_path / "a" / "train.py").read_text().splitlines()
+    b = (tmp_path / "b" / "train.py").read_text().splitlines()
+    assert len(a) == len(b)
+    differing = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    constant = re.compile(r"[A-Z][A-Z0-9_]* = \S")
+    assert differing and all(constant.match(x) and constant.match(y) for x, y in differing), differing[:3]
+    names = {x.split(" = ")[0] for x, _ in differing}
+    assert {"STUDY", "RECORDED_VAL_BPB", "DEPTH", "MODEL_DIM", "MATRIX_LR", "LAUNCH"} <= names
+    assert "LAUNCH = 'NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py'" in b
+    # The constants sit at the top, before the bundle; the file's own imports are torch's, the stdlib's, prepare.
+    assert a.index("DEPTH = 1") < next(i for i, line in enumerate(a) if line.startswith("BUNDLED_MODULES"))
+    tree = ast.parse("\n".join(a))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported - set(sys.stdlib_module_names) == {"prepare", "model"}  # model: bundled in the file
 
 
-@pytest.mark.slow
-def test_an_export_trained_short_is_scored_by_the_kit_at_its_own_length(study, tmp_path, standin_kit):
-    # The stand-in kit (autoresearch's prepare.py semantics): its loader takes no rank and its evaluate_bpb
-    # runs at MAX_SEQ_LEN 2048, whatever the model trained at (here 32).
-    out = tmp_path / "sub"
-    assert export(study, out) == 0
-    prov = json.loads((out / "provenance.json").read_text())
-    assert prov["config"]["eval_seq_len"] == 0  # the kit's length, whatever the trial evaluated at
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "train.py").write_bytes((out / "train.py").read_bytes())
-    prepare = standin_kit / "prepare.py"
-    overrides = {"device": "cpu", "budget_s": 2, "num_threads": 1, "vocab_size": 512}  # the stand-in's vocabulary
-    proc = subprocess.run([sys.executable, "-c", RUN, "train.py"], cwd=run_dir, capture_output=True, text=True,
-                          timeout=240, env=isolated_env(TRAIN_OVERRIDES=json.dumps(overrides),
-                                                        TRNSWEEP_KIT_PREPARE=str(prepare)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "out" / "result.json").read_text())
-    assert result["status"] == "ok" and result["config"]["data"] == f"kit:{prepare}"
-    assert result["config"]["seq_len"] == 32 and result["val_seq_len"] == 2048 and result["val_bpb_stderr"] == 0
+def test_load_for_eval_answers_both_loss_keywords_at_any_length(tmp_path):
+    from model.config import GPTConfig
+    from model.train import EvalGPT, load_for_eval, save_checkpoint
 
-    # Scored as the competition scores it: the kit's evaluate_bpb on the model load_for_eval returns.
-    batch = result["config"]["batch_size"]
-    proc = subprocess.run([sys.executable, "-c", SCORE, str(run_dir / "train.py"), str(run_dir / "out" / "final.pt"),
-                           str(prepare), str(batch)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env=isolated_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    scored = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (scored["max_seq_len"], scored["seq_len"]) == (2048, 32)
-    assert scored["val_bpb"] == pytest.approx(result["val_bpb"], rel=1e-6)
+    model = EvalGPT(GPTConfig(vocab_size=64, depth=1, model_dim=32, head_dim=16, seq_len=16, kernels="torch"))
+    save_checkpoint(model, tmp_path / "final.pt")
+    loaded = load_for_eval(tmp_path / "final.pt", "cpu")
+    assert not loaded.training
+    x = torch.randint(0, 64, (2, 48))  # three times the trained context
+    y = torch.randint(0, 64, (2, 48))
+    with torch.no_grad():
+        a = loaded(x, y, loss_reduction="none")
+        b = loaded(x, y, reduction="none")
+        mean = loaded(x, y)
+    assert a.shape == b.shape == (2, 48) and torch.equal(a, b)
+    assert mean.item() == pytest.approx(a.mean().item(), rel=1e-5)
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--trial", "7"], "--trial 7: study 'exp' has no trial 7"),
     (["--trial", "1"], "trial 1 of study 'exp' has no result record to export (state FAIL; crash: exit code 3)"),
-    (["--trial", "2"], "trial 2 ran with 2 rank(s) at LNC 2; the competition launches 1, 4 or 8 ranks"),
-    (["--trial", "3"], "trial 3: train.py would refuse its configuration: final_eval_rows must not be negative"),
+    (["--trial", "3"], "trial 3: train.py would refuse its configuration at 4 ranks: batch_size must be positive"),
 ])
 def test_bad_trials_exit_2_with_one_line_and_write_nothing(study, tmp_path, capsys, args, message):
     out = tmp_path / "sub"
@@ -365,7 +450,7 @@ def test_composite_study_exports_its_highest_score(tmp_path, monkeypatch, tiny_c
     prov = json.loads((out / "provenance.json").read_text())
     assert (prov["trial"], prov["val_bpb"]) == (1, 2.7)
     assert prov["values"]["composite"] == pytest.approx(0.5 * 0.15 + 0.5 * 0.2 / 0.3)
-    assert "val_bpb 2.7000" in (out / "train.py").read_text()[:400]
+    assert "\nRECORDED_VAL_BPB = 2.7\n" in (out / "train.py").read_text()
 
 
 def test_a_replicate_exports_under_the_spec_promote_recorded(tmp_path, monkeypatch, capsys):
