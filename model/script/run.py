@@ -279,10 +279,17 @@ class ScriptRun:
                 self.child.send_signal(signal.SIGTERM)
 
     def _tee_stderr(self, stream: Any) -> None:
+        """The script's stderr into ours (the trial's trainer.log), capped at OUT_CAP like its stdout; all of it
+        is still read for its last error and a `bad loss detected`."""
+        passed = 0
         for chunk in iter(lambda: stream.read1(65536), b""):
-            with contextlib.suppress(OSError):
-                sys.stderr.buffer.write(chunk)
-                sys.stderr.buffer.flush()
+            if passed < OUT_CAP:
+                with contextlib.suppress(OSError):
+                    sys.stderr.buffer.write(chunk[:OUT_CAP - passed])
+                    if passed + len(chunk) >= OUT_CAP:
+                        sys.stderr.buffer.write(b"\n[trnsweep: the script's stderr is cut here, at its cap]\n")
+                    sys.stderr.buffer.flush()
+                passed += len(chunk)
             self.err_tail = (self.err_tail + chunk)[-8192:]
             self.err_reader.feed(chunk)
             if self.err_reader.failed_line and not self.diverged:

@@ -179,3 +179,17 @@ def test_the_fallback_scorer_keeps_dataclasses_try_blocks_and_passes_a_device(tm
     """)
     module = run.definitions(script)
     assert module.load_for_eval("x", __import__("torch").device("cpu")).width == 3
+
+
+def test_the_scripts_stderr_is_capped_in_the_trainers_log_and_still_read(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(run, "OUT_CAP", 1000)
+    script = _script(tmp_path, """
+        import sys
+        sys.stderr.write("x" * 5000 + "\\n")
+        sys.stderr.flush()
+        raise RuntimeError("bad loss detected: nan")
+    """)
+    rec = _run(tmp_path, {"script": str(script), "dialect": "kit"}, budget=30)
+    err = capfd.readouterr().err
+    assert rec["status"] == "diverged"  # read past the cap
+    assert err.count("x") == 1000 and "cut here, at its cap" in err and "bad loss" not in err
