@@ -41,6 +41,9 @@ EVAL_TOKENS), or whose validation stream is split across ranks out of the adapte
 its own evaluate_bpb (`evaluate`), on every rank. Other deviations forced by the kit: batches cannot be
 resumed except by replaying them (a position resumes by skipping position / (B*W) batches), the seed is
 the kit's own, and x, y are separate tensors rather than views of one row.
+
+Long file: one adapter speaks both of the kit's dialects, whose pieces (tokenizer, batches, scoring) pair up
+and read best side by side.
 """
 
 from __future__ import annotations

@@ -1,27 +1,31 @@
 """``python -m model.script.run --config C --budget-s N --json --out-dir D``: a team's script as a trainer.
 
 The supervisor runs this in place of ``model.train`` for a study of a script; it speaks the same JSON lines
-(``start``, ``step``, ``eval``, then the ``result`` record last), so nothing above it learns a second
-protocol. It knows nothing of sweeps: the config names the script, the kit's prepare.py and the constants
-to set. In ``OUT/script/`` it writes the script with those constants rewritten (only their literals
-change, :mod:`model.script.source`) and a copy of the kit whose budget constant is ``--budget-s`` (the
-other entries of the kit's folder, its data, linked beside it), then launches ``python train.py``, or
-``torchrun --standalone --nproc_per_node=R train.py`` with ``--ranks R``, in the same process group. It
-reads the script's stdout as it comes (:mod:`model.script.output`): progress lines become ``step`` events
-and, at each of ``eval_fractions`` of the budget, an ``eval`` event whose ``val_bpb`` is the validation
-figure the ``val`` pattern finds or else a smoothed training loss (``metric`` says which); a non-finite loss
-or a FAIL line stops the script as ``diverged``. After it exits, the objective is the summary block's
-``val_bpb``, or, when the script does not evaluate, the kit's own ``evaluate_bpb`` on ``out/final.pt``
-through the script's ``load_for_eval`` (the script's imports, functions, classes and call-free assignments
-are run for it, not its training). The record holds every field of the summary block. SIGTERM stops the
-script and ends with status ``stopped``; a script that fails ends ``failed`` with its last error line.
+(``start``, ``step``, ``eval``, then the ``result`` record last), each signed with the trial's key when the
+supervisor passes one (``--key-fd``), so nothing above it learns a second protocol and nothing the script
+prints passes for it. It knows nothing of sweeps: the config names the script, the kit's prepare.py, the
+dialect and the knobs to set. In ``OUT/script/`` it writes the script with its constants rewritten (only
+their literals change, :mod:`model.script.source`) beside a copy of the kit (byte for byte in the kit's
+dialect; in autoresearch's, with the trial's budget in its budget constant) and the kit folder's other
+entries linked, then launches the script: ``torchrun --standalone --nproc_per_node=R train.py`` in the kit's
+dialect (one rank included), ``python train.py`` or torchrun in autoresearch's, with the knobs' flags and
+environment and the budget and seed through their knobs. It reads the script's stdout and stderr as they
+come (:mod:`model.script.output`): progress lines become ``step`` events and, at each of ``eval_fractions``
+of the budget, an ``eval`` event with a validation figure or a smoothed training loss (``metric`` says
+which); a non-finite loss, a FAIL line or ``bad loss detected`` stops the script as ``diverged``; a script
+past its budget and grace is stopped as over budget. After every rank has exited the objective is scored
+apart from the script (:mod:`model.script.score`: the kit's eval-public, or its evaluate_bpb in a process of
+its own), the script's own figure kept as ``claimed_val_bpb``, unless the study trusts it. SIGTERM stops
+the script and ends with status ``stopped``; a script that fails ends ``failed`` with its last error line.
 Bad config: exit 2, one line.
+
+Long file: one class, a script run's whole life (launch, read both streams, watch the clock, classify),
+which reads best in one place.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import fcntl
 import hashlib
@@ -35,12 +39,21 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 from model.script import source
 from model.script.output import Patterns, Reader
+from model.script.score import (
+    MARKER_MANIFEST,
+    ScoreError,
+    eval_public,
+    fallback_score,
+    kit_manifest,
+    kit_tampered,
+    last_error,
+    sha256,
+)
 
 BUDGET_CONSTANTS = ("TRAIN_TIME_BUDGET_SECONDS", "TIME_BUDGET")  # the kit's, then autoresearch's name
 CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_constants", "kit_setup", "output",
@@ -60,8 +73,6 @@ SUMMARY_KEYS = {
 }
 SUMMARY_KEYS["autoresearch"] = SUMMARY_KEYS["kit"] | {"val_bpb", "peak_vram_mb", "mfu_percent", "depth"}
 KIT_BUDGET_KNOB = {"kind": "flag", "name": "--max-train-seconds"}  # the kit baseline's own budget flag
-KIT_EVAL_ARGS = ["--seq-len", "{seq_len}", "--eval-tokens", "{eval_tokens}"]  # a guess: the kit's names are not public
-KIT_EVAL_TIMEOUT_S = 1200.0  # the kit's EVAL_TIMEOUT_SECONDS when its prepare.py does not say
 LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 SMOOTHING = 0.9  # of the training loss the pruner reads where the script prints no validation figure
 OUT_CAP = 32 << 20  # bytes of the script's stdout kept in script.out
@@ -70,10 +81,6 @@ STEP_EVENTS_S = 0.5  # at most two step events a second
 
 class BadConfig(ValueError):
     """Exit 2 with this line."""
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def read_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -196,16 +203,6 @@ def kit_setup(kit: Path, args: list[str] | None = None) -> str | None:
     return None
 
 
-def last_error(text: str) -> str:
-    """The line that says what broke: the last ``SomethingError: ...`` line, else the last line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        head = ln.split(":", 1)[0]
-        if head.endswith(("Error", "Exception", "Interrupt")) or head.startswith("error"):
-            return ln[:300]
-    return lines[-1][:300] if lines else ""
-
-
 def launch_command(script: Path, ranks: int, rank_module: str | None, torchrun: bool = False) -> list[str]:
     """``python train.py``, or torchrun for several ranks; in the kit's dialect torchrun always, one rank
     included (a kit script may need its process group)."""
@@ -213,31 +210,6 @@ def launch_command(script: Path, ranks: int, rank_module: str | None, torchrun: 
         return [sys.executable, script.name]
     entry = ["-m", rank_module, script.name] if rank_module else [script.name]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *entry]
-
-
-def definitions(script: Path) -> types.ModuleType:
-    """The script's imports, functions, classes, ``try:`` blocks and call-free assignments, run as a module:
-    its ``load_for_eval`` without its training (a script that trains at module level is common)."""
-    tree = ast.parse(script.read_bytes())
-    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Try)
-    body = [n for n in tree.body if isinstance(n, keep) or (isinstance(n, (ast.Assign, ast.AnnAssign))
-                                                            and not any(isinstance(c, ast.Call) for c in ast.walk(n)))]
-    module = types.ModuleType("trnsweep_script")
-    module.__file__ = str(script)
-    sys.modules[module.__name__] = module  # @dataclass looks its class's module up there
-    sys.path.insert(0, str(script.parent))
-    exec(compile(ast.Module(body=body, type_ignores=[]), str(script), "exec"), module.__dict__)  # noqa: S102
-    return module
-
-
-def evaluate_checkpoint(script: Path, kit: Path, checkpoint: Path, batch_size: int, device: str) -> float:
-    """The kit's evaluate_bpb on the checkpoint, the model built by the script's load_for_eval."""
-    import torch
-
-    from model.data.kit import load_kit
-
-    model = definitions(script).load_for_eval(str(checkpoint), torch.device(device))
-    return float(load_kit(kit, device).evaluate_bpb(model, batch_size))
 
 
 class ScriptRun:
@@ -526,124 +498,6 @@ class ScriptRun:
                     "reason": "the scorer would reject it: " + ", ".join(f"{k} {summary.get(k, scored.get(k))}"
                                                                           for k in why)}
         return {**record, "status": "ok"}
-
-
-MANIFEST_HASH_BYTES = 256 << 20  # files hashed whole per check; beyond it, size and mtime stand for content
-MARKER_MANIFEST = ".kit-manifest.json"  # beside .kit-ready: the kit folder as its setup left it
-
-
-def kit_manifest(folder: Path) -> dict[str, str]:
-    """The kit folder's files (not its prepare.py's trial copies, out/ or dotfiles), each by its sha256, or its
-    size and mtime past MANIFEST_HASH_BYTES: what a trial must not change for the next one."""
-    out, budget = {}, MANIFEST_HASH_BYTES
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if not path.is_file() or rel.parts[0] in ("out", "__pycache__") or any(p.startswith(".") for p in rel.parts):
-            continue
-        st = path.stat()
-        if st.st_size <= budget:
-            budget -= st.st_size
-            out[str(rel)] = sha256(path)
-        else:
-            out[str(rel)] = f"{st.st_size}:{st.st_mtime_ns}"
-    return out
-
-
-def kit_tampered(folder: Path, now: dict[str, str]) -> str | None:
-    """Why the kit folder differs from what its setup left (a previous trial wrote into it); None if it does
-    not, or if no setup recorded it."""
-    marker = folder / MARKER_MANIFEST
-    try:
-        then = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
-    if changed:
-        return (f"the kit folder {folder} changed since its setup ({', '.join(changed[:3])}): a trial wrote into "
-                f"it; run its setup again (delete {marker.name} and .kit-ready)")
-    return None
-
-
-def fallback_score(script: Path, kit: Path, checkpoint: Path, cfg: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """autoresearch's kit scoring out/final.pt (its evaluate_bpb through the script's load_for_eval) in a
-    process of its own, never in this one: a script's code runs only where its output is not trusted."""
-    command = [sys.executable, "-m", "model.script.score", "--script", script.name, "--kit", kit.name,
-               "--checkpoint", str(checkpoint.relative_to(script.parent)),
-               "--batch-size", str(int(cfg.get("eval_batch_size", 8))), "--device", str(cfg.get("eval_device", "cpu"))]
-    t0 = time.monotonic()
-    limit = float(cfg.get("eval_timeout_s") or KIT_EVAL_TIMEOUT_S)
-    repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
-    try:
-        proc = subprocess.run(command, cwd=script.parent, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=limit, env=env)
-    except subprocess.TimeoutExpired:
-        raise ScoreError(f"no score within {limit:g} s") from None
-    out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
-    sys.stderr.write(err[-20000:])
-    if proc.returncode:
-        raise ScoreError(last_error(err) or f"the scorer exited {proc.returncode}")
-    return read_json_object(out), time.monotonic() - t0
-
-
-class ScoreError(RuntimeError):
-    """The kit's scorer did not give a score: why, in one line."""
-
-
-def eval_args(cfg: dict[str, Any], tokens: int) -> list[str]:
-    """The spec's evaluation arguments with their placeholders filled (the kit's flag names are not public)."""
-    values = {"eval_tokens": tokens, "seq_len": int(cfg.get("eval_seq_len", 1024)),
-              "batch_size": int(cfg.get("eval_batch_size", 8)), "device": str(cfg.get("eval_device", "cpu"))}
-    return [str(a).format(**values) for a in cfg.get("eval_args", KIT_EVAL_ARGS)]
-
-
-def eval_timeout(kit: Path, cfg: dict[str, Any]) -> float:
-    """The spec's eval_timeout_s, else the kit's own EVAL_TIMEOUT_SECONDS, else its documented 1200 s."""
-    if cfg.get("eval_timeout_s"):
-        return float(cfg["eval_timeout_s"])
-    with contextlib.suppress(OSError, SyntaxError, ValueError):
-        found = source.constants(kit.read_text(encoding="utf-8")).get("EVAL_TIMEOUT_SECONDS", [])
-        if len(found) == 1 and isinstance(found[0].value, (int, float)) and not isinstance(found[0].value, bool):
-            return float(found[0].value)
-    return KIT_EVAL_TIMEOUT_S
-
-
-def read_json_object(text: str) -> dict[str, Any]:
-    """The last JSON object a command printed (the kit prints one, indented; other lines may precede it)."""
-    with contextlib.suppress(ValueError):
-        whole = json.loads(text)
-        if isinstance(whole, dict):
-            return whole
-    lines = text.splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].lstrip().startswith("{"):
-            with contextlib.suppress(ValueError):
-                obj = json.loads("\n".join(lines[i:]))
-                if isinstance(obj, dict):
-                    return obj
-    raise ScoreError(f"printed no JSON object (last line: {lines[-1][:200] if lines else 'none'!r})")
-
-
-def eval_public(kit: Path, script: Path, checkpoint: Path, cfg: dict[str, Any],
-                tokens: int) -> tuple[dict[str, Any], float]:
-    """``python prepare.py eval-public --train-py train.py --checkpoint out/final.pt ARGS`` in the trial's
-    folder: the kit's JSON and its wall time. Its limit is the kit's evaluation timeout."""
-    command = [sys.executable, kit.name, "eval-public", "--train-py", script.name,
-               "--checkpoint", str(checkpoint.relative_to(script.parent)), *eval_args(cfg, tokens)]
-    t0 = time.monotonic()
-    limit = eval_timeout(kit, cfg)
-    try:
-        proc = subprocess.run(command, cwd=script.parent, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=limit, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired:
-        raise ScoreError(f"no score within {limit:g} s (the kit's evaluation timeout)") from None
-    seconds = time.monotonic() - t0
-    out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
-    sys.stderr.write(err[-20000:])
-    if proc.returncode:
-        raise ScoreError(f"exited {proc.returncode}: {last_error(err) or last_error(out)}")
-    return read_json_object(out), seconds
 
 
 def event_line(event: dict[str, Any], key: bytes | None) -> str:

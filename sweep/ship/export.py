@@ -27,6 +27,9 @@ study has no single best, so ``--trial N`` picks one of its front (the error lis
 for bad input (unknown study or trial, a trial without a result record, a configuration the bundled trainer
 refuses, a launch shape the competition cannot run, a pareto study without ``--trial``), 1 when the file
 would exceed the upload limit or anything else fails.
+
+Long file: the three kinds of export (our trainer's bundle, a team's script, the cold rehearsal's launch)
+share the trial's launch shape and provenance, which read best in one place.
 """
 
 from __future__ import annotations

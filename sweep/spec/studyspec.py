@@ -7,6 +7,9 @@ names the file and the key. See ``sweep/studies/demo.toml`` for an annotated exa
 
 This module validates the sections into a :class:`StudySpec`; reading the file (and ``extends``) is
 :mod:`sweep.spec.files`, the sampler and pruner tables are :mod:`sweep.spec.components`.
+
+Long file: the spec's sections are validated in one pass, since later sections' checks need earlier ones
+(the budget for the pruner, the ranks for the resources, the space for the script's knobs).
 """
 
 from __future__ import annotations

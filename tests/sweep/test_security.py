@@ -223,8 +223,9 @@ def _calls(root: Path) -> list[tuple[str, int, str, ast.Call]]:
 
 # The two places that run code or unpickle on purpose, each for a reason that is not input data:
 ALLOWED = {
-    # A team's train.py is code the trial runs anyway; its definitions (load_for_eval) run without its training.
-    ("model/script/run.py", "exec"),
+    # A team's train.py is code the trial runs anyway; its definitions (load_for_eval) run without its training,
+    # in the scorer's own process (never the one that reports the result).
+    ("model/script/score.py", "exec"),
     # The worked example's kit, in the competition kit's shape, reads back the tokenizer its own setup pickled.
     ("sweep/studies/script-demo/prepare.py", "pickle.load"),
 }

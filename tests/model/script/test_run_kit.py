@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model.script import run
+from model.script import run, score
 from model.script.output import Patterns, Reader
 
 KIT_LINE = (b"step 00010 | loss 6.1234 | lrm 1.000 | dt 0.50s | tok/s 262,144 | remaining_steps 989 "
@@ -72,22 +72,22 @@ def test_a_seed_without_a_seed_knob_and_a_malformed_knob_are_refused():
 
 def test_the_scorers_arguments_and_its_json():
     cfg = {"eval_seq_len": 512, "eval_batch_size": 4}
-    assert run.eval_args(cfg, 2097152) == ["--seq-len", "512", "--eval-tokens", "2097152"]
-    assert run.eval_args({"eval_args": ["--max-tokens={eval_tokens}", "--device", "{device}"]}, 10) == [
+    assert score.eval_args(cfg, 2097152) == ["--seq-len", "512", "--eval-tokens", "2097152"]
+    assert score.eval_args({"eval_args": ["--max-tokens={eval_tokens}", "--device", "{device}"]}, 10) == [
         "--max-tokens=10", "--device", "cpu"]
     printed = "loading...\n" + json.dumps({"val_bpb": 1.25, "num_tokens": 10}, indent=2, sort_keys=True) + "\n"
-    assert run.read_json_object(printed) == {"num_tokens": 10, "val_bpb": 1.25}
-    with pytest.raises(run.ScoreError, match="no JSON object"):
-        run.read_json_object("Traceback\nValueError: nope\n")
+    assert score.read_json_object(printed) == {"num_tokens": 10, "val_bpb": 1.25}
+    with pytest.raises(score.ScoreError, match="no JSON object"):
+        score.read_json_object("Traceback\nValueError: nope\n")
 
 
 def test_the_evaluation_timeout_is_the_specs_then_the_kits_then_1200(tmp_path):
     kit = tmp_path / "prepare.py"
     kit.write_text("EVAL_TIMEOUT_SECONDS = 77\n")
-    assert run.eval_timeout(kit, {}) == 77.0
-    assert run.eval_timeout(kit, {"eval_timeout_s": 5}) == 5.0
+    assert score.eval_timeout(kit, {}) == 77.0
+    assert score.eval_timeout(kit, {"eval_timeout_s": 5}) == 5.0
     kit.write_text("x = 1\n")
-    assert run.eval_timeout(kit, {}) == 1200.0
+    assert score.eval_timeout(kit, {}) == 1200.0
 
 
 def _script(tmp_path: Path, body: str) -> Path:
@@ -177,7 +177,7 @@ def test_the_fallback_scorer_keeps_dataclasses_try_blocks_and_passes_a_device(tm
 
         raise SystemExit("training at module level is not run")
     """)
-    module = run.definitions(script)
+    module = score.definitions(script)
     assert module.load_for_eval("x", __import__("torch").device("cpu")).width == 3
 
 

@@ -161,7 +161,7 @@ def test_a_crashing_script_is_failed_with_its_last_error_line(tmp_path, standin_
 SCORE = """
 import json, sys
 from pathlib import Path
-from model.script.run import evaluate_checkpoint
+from model.script.score import evaluate_checkpoint
 work = Path(sys.argv[1])
 print(json.dumps(evaluate_checkpoint(work / "train.py", work / "prepare.py", work / "out" / "final.pt", 4, "cpu")))
 """
