@@ -39,8 +39,7 @@ def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text:
         return Path(text)
-    problem = name_problem(text)
-    if problem:
+    if problem := name_problem(text):
         raise SpecError(f"{problem} (or give a path to a .toml)")
     return STUDIES_DIR / f"{text}.toml"
 

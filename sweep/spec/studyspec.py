@@ -146,8 +146,7 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
                      *script_spec.KEYS})
 
     name = r.string(study, "study.name", default=path.stem)
-    problem = name_problem(name)
-    if problem:
+    if problem := name_problem(name):
         raise r.error("study.name", problem)
     direction = r.choice(study, "study.direction", ("minimize", "maximize"), default="minimize")
     n_trials = r.integer(study, "study.n_trials", low=1)
