@@ -131,8 +131,9 @@ def test_status_prints_a_forged_reason_without_its_escapes(tmp_path):
     spec = load(_spec(tmp_path, name="esc", storage=url))
     study = optuna.create_study(study_name="esc", storage=st.open_storage(url))
     t = study.ask()
-    t.set_user_attr("fail_reason", FORGED + "\n    7 COMPLETE   0.0001  forged row")  # printed in the row: one line (sweep.study)
-    t.suggest_categorical("opt", [FORGED])  # printed as a parameter: the command's stream strips it (sweep.cli)
+    # The reason is printed in the row, one line (sweep.study); the parameter through the stream (sweep.cli).
+    t.set_user_attr("fail_reason", FORGED + "\n    7 COMPLETE   0.0001  forged row")
+    t.suggest_categorical("opt", [FORGED])
     study.tell(t, state=optuna.trial.TrialState.FAIL)
     buf = io.StringIO()
     assert cli.main(["status", str(spec.path)], out=buf) == 0
