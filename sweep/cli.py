@@ -14,10 +14,11 @@ import os
 import select
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import TextIO, cast
 
 from sweep import dashboard
 from sweep import store as st
+from sweep.printable import Printable
 from sweep.run import precompile, preflight, preflight_cuda
 from sweep.run.adhoc import run_adhoc
 from sweep.run.driver import Driver, SweepAborted
@@ -98,7 +99,7 @@ def reader_gone(stream: TextIO) -> bool:
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+    out = cast(TextIO, Printable(out or sys.stdout))  # figures and reasons come from trials: no escapes
     args = build_parser().parse_args(argv)
     url: str | None = None
     try:

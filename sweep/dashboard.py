@@ -29,7 +29,8 @@ page itself are mended in serving (:class:`Mended`):
 
 It binds 127.0.0.1 by default: the dashboard has no authentication and can delete studies. From
 another machine use an SSH tunnel (``ssh -L 8080:127.0.0.1:8080 HEAD``); ``--host 0.0.0.0`` only on
-a network you trust.
+a network you trust. A request must name this server in its Host header (:class:`HostCheck`), so a web
+page whose DNS name is rebound to 127.0.0.1 cannot drive the dashboard from the user's browser.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import contextlib
 import gzip
 import hashlib
 import io
+import ipaddress
 import re
 import signal
 import socket
@@ -197,12 +199,52 @@ def _bundle_path() -> Path:
     return Path(optuna_dashboard.__file__).parent / "public" / "bundle.js"
 
 
+WILDCARDS = ("", "0.0.0.0", "::")
+
+
+class HostCheck:
+    """Answers 403 to a request whose Host header names another server (a DNS-rebinding page's name).
+
+    Allowed: localhost, a loopback address, the bound host, and, bound to every interface, any address
+    literal and this machine's own names; at any port (an SSH tunnel's local port differs from ours). A
+    rebinding attack needs a DNS name the attacker controls, which none of these is. A request without a
+    Host header (HTTP/1.0, not a browser) passes.
+    """
+
+    def __init__(self, inner: Any, bind_host: str) -> None:
+        self.inner = inner
+        self.wildcard = bind_host in WILDCARDS
+        self.names = {"localhost", bind_host.lower().strip("[]")} - {""}
+        if self.wildcard:
+            self.names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+
+    def allowed(self, header: str) -> bool:
+        host = header.strip().lower()
+        if host.startswith("["):  # [v6] or [v6]:port
+            host = host[1:].partition("]")[0]
+        elif host.count(":") == 1:
+            host = host.partition(":")[0]
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host.rstrip(".") in self.names
+        return address.is_loopback or self.wildcard or host in self.names
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        header = environ.get("HTTP_HOST")
+        if header is not None and not self.allowed(header):
+            body = b"403: this dashboard answers only to its own host name (Host header refused)\n"
+            start_response("403 Forbidden", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            return [body]
+        return self.inner(environ, start_response)
+
+
 def make_server(wsgi_app: Any, host: str = "127.0.0.1", port: int = 8080, quiet: bool = False) -> _Server:
     """Bind ``host:port`` (port 0: any free one) and return the server, not yet serving."""
     from wsgiref.simple_server import make_server as _make
 
     cls = _Server6 if ":" in host else _Server
-    server = _make(host, port, wsgi_app, server_class=cls, handler_class=_Handler)
+    server = _make(host, port, HostCheck(wsgi_app, host), server_class=cls, handler_class=_Handler)
     server.quiet = quiet
     return server  # type: ignore[return-value]
 

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from sweep import store as st
 from sweep.neuron import environment
+from sweep.printable import printable
 from sweep.spec import STUDIES_DIR, StudySpec
 from sweep.spec import objective as obj
 from sweep.store import artifacts
@@ -42,7 +43,7 @@ def parse_seconds(text: str) -> float:
 
 def fail(message: str, url: str | None) -> None:
     """Print ``sweep: MESSAGE`` on one line with any password in ``url`` scrubbed out."""
-    line = " ".join(st.scrub(message, url).split())
+    line = " ".join(printable(st.scrub(message, url)).split())
     print(f"sweep: {line}", file=sys.stderr, flush=True)
 
 
@@ -247,7 +248,7 @@ def print_status(study: Any, spec: StudySpec, as_json: bool, out: TextIO) -> int
         t = by_number[row["number"]]
         shown = row["values"] if "values" in row else [row["value"]]
         value = "/".join(f"{v:.4f}" if v is not None else "-" for v in shown or [None])
-        extra = t.user_attrs.get("fail_reason", "")
+        extra = printable(str(t.user_attrs.get("fail_reason", "")))  # one row, whatever the reason holds
         if "retry_of" in t.user_attrs:
             extra = f"retry of {t.user_attrs['retry_of']}" + (f"; {extra}" if extra else "")
         params = fmt_params(row["params"]) + (f"  [{extra}]" if extra else "")

@@ -21,7 +21,7 @@ RANKS = {
     "kernels": 0,
     "model.config": 1, "model.counts": 1, "model.schedule": 1, "model.script.source": 1,
     "model": 2,
-    "sweep.redact": 3,
+    "sweep.redact": 3, "sweep.printable": 3,
     "sweep.store": 4,
     "sweep.neuron": 5,
     "sweep.spec": 6,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sweep import store as st
+from sweep.printable import printable
 from sweep.run import health, liveness, notes, printing
 from sweep.run.autoscale import Capacity
 from sweep.run.outcome import (
@@ -136,7 +137,7 @@ class Driver:
     # -- printing -------------------------------------------------------------------------------
 
     def say(self, msg: str) -> None:
-        print(st.scrub(msg, self.url), file=self.out, flush=True)
+        print(printable(st.scrub(msg, self.url)), file=self.out, flush=True)
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -371,7 +372,7 @@ class Driver:
             return
         self._proxy = st.StorageProxy(self.url)
         self.worker_url = self._proxy.url
-        self.say(f"storage proxy: workers use {self.worker_url}")
+        self.say(f"storage proxy: workers use {st.redact(self.worker_url)}")
 
     def shutdown(self) -> None:
         if self.capacity is not None:

@@ -433,10 +433,22 @@ def fill(name: str, text: dict[str, Any], literals: dict[str, str] | None = None
         if m[1]:
             return literals[m[1]]
         if m[2]:
-            return str(text[m[2]])
+            return as_text(name, str(text[m[2]]))
         raise ValueError(f"{TEMPLATES / name}: a $ that is no placeholder (write $$ for a dollar sign)")
 
     return _PLACEHOLDER.sub(one, template(name) if source is None else source)
+
+
+def as_text(name: str, value: str) -> str:
+    """``value`` made inert where a text placeholder of template ``name`` sits: in a Python template (text
+    goes in docstrings) backslashes, double quotes and control characters are escaped, so no value closes
+    the docstring and it still reads the same; in a shell script control characters become spaces, so a
+    value stays on its comment's (or the launch line's) line."""
+    if name.endswith(".py"):
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+        return "".join(c if c == "\n" or c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256
+                       else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}" for c in value)
+    return "".join(c if c.isprintable() else " " for c in value)
 
 
 def fill_around_bundle(name: str, text: dict[str, Any], literals: dict[str, str] | None = None) -> tuple[str, str]:

@@ -11,16 +11,27 @@ import hashlib
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
+# A study name becomes a file name, a storage key, a path under the artifacts and text in exported programs:
+# letters, digits, '.', '_' and '-' only, and never a bare '.' or '..'.
+_STUDY_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 class SpecError(ValueError):
     """A study spec that cannot be used; the message is one line naming the file and the key."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a study, or None when it can."""
+    if not _STUDY_NAME.fullmatch(name) or name in (".", ".."):
+        return f"a study name is letters, digits, '.', '_' and '-' (not '.' or '..'), got {name!r}"
+    return None
 
 
 def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
@@ -28,6 +39,8 @@ def resolve_path(name_or_path: str | os.PathLike[str]) -> Path:
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text:
         return Path(text)
+    if problem := name_problem(text):
+        raise SpecError(f"{problem} (or give a path to a .toml)")
     return STUDIES_DIR / f"{text}.toml"
 
 

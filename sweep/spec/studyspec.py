@@ -28,7 +28,7 @@ from sweep.spec import expr
 from sweep.spec import objective as obj
 from sweep.spec import script as script_spec
 from sweep.spec.components import Component, exercise_components, read_pruner, read_sampler
-from sweep.spec.files import SpecReader, read_spec_file, resolve_path
+from sweep.spec.files import SpecReader, name_problem, read_spec_file, resolve_path
 from sweep.spec.limits import ENV_MEMORY_MB, LimitError, memory_limit_bytes
 from sweep.spec.space import Param, SearchSpace, SpaceError
 
@@ -152,8 +152,8 @@ def parse(data: Mapping[str, Any], path: Path) -> StudySpec:
                      *script_spec.KEYS})
 
     name = r.string(study, "study.name", default=path.stem)
-    if not name or any(c.isspace() or c == "/" for c in name):
-        raise r.error("study.name", f"must be a non-empty name without spaces or '/', got {name!r}")
+    if problem := name_problem(name):
+        raise r.error("study.name", problem)
     direction = r.choice(study, "study.direction", ("minimize", "maximize"), default="minimize")
     n_trials = r.integer(study, "study.n_trials", low=1)
     conc = study.get("concurrency", "auto")

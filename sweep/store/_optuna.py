@@ -214,3 +214,75 @@ def add_proxy_service(server: Any, storage: Any) -> None:
             return api_pb2.GetTrialsReply(trials=[_to_proto_trial(t) for t in trials])
 
     api_pb2_grpc.add_StorageServiceServicer_to_server(Service(storage), server)
+
+
+# -- the proxy's client token ------------------------------------------------------------------------
+
+PROXY_TOKEN_HEADER = "x-sweep-proxy-token"  # gRPC metadata keys are lower case
+
+
+def token_grpc_client(host: str, port: int, token: str) -> Any:
+    """A ``GrpcStorageProxy`` that sends ``token`` with every call (the proxy refuses calls without it).
+
+    Private names: ``GrpcStorageProxy._setup`` (overridden), ``_channel``, ``_stub``, ``_cache``, and
+    ``optuna.storages._grpc.client.create_insecure_channel`` (Optuna's channel options).
+    """
+    return _token_client_class()(host=host, port=port, token=token)
+
+
+@functools.cache
+def _token_client_class() -> type:
+    import collections
+
+    import grpc
+    from optuna.storages import GrpcStorageProxy
+    from optuna.storages._grpc.auto_generated import api_pb2_grpc
+    from optuna.storages._grpc.client import GrpcClientCache, create_insecure_channel
+
+    class Details(collections.namedtuple("Details", ("method", "timeout", "metadata", "credentials",
+                                                     "wait_for_ready", "compression")),
+                  grpc.ClientCallDetails):
+        pass
+
+    class AddToken(grpc.UnaryUnaryClientInterceptor):  # every call of Optuna's storage service is unary
+        def __init__(self, token: str) -> None:
+            self.token = token
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            metadata = [*(details.metadata or ()), (PROXY_TOKEN_HEADER, self.token)]
+            return continuation(Details(details.method, details.timeout, metadata, details.credentials,
+                                        details.wait_for_ready, details.compression), request)
+
+    class TokenClient(GrpcStorageProxy):
+        def __init__(self, *, host: str, port: int, token: str) -> None:
+            self._token = token
+            super().__init__(host=host, port=port)
+
+        def _setup(self) -> None:
+            self._channel = grpc.intercept_channel(create_insecure_channel(self._host, self._port),
+                                                   AddToken(self._token))
+            self._stub = api_pb2_grpc.StorageServiceStub(self._channel)
+            self._cache = GrpcClientCache(self._stub)
+
+    return TokenClient
+
+
+def token_check(token: str) -> Any:
+    """A gRPC server interceptor that answers UNAUTHENTICATED to a call without ``token``."""
+    import hmac
+
+    import grpc
+
+    def refuse(_request: Any, context: Any) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "sweep storage proxy: missing or wrong client token")
+
+    denied = grpc.unary_unary_rpc_method_handler(refuse)
+
+    class TokenCheck(grpc.ServerInterceptor):
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            given = dict(details.invocation_metadata or ()).get(PROXY_TOKEN_HEADER, "")
+            if isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode()):
+                return continuation(details)
+            return denied
+
+    return TokenCheck()

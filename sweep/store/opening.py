@@ -20,8 +20,10 @@ import threading
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from sweep.redact import redact, scrub
+from sweep.store import _optuna
 from sweep.store.caches import throttled
 from sweep.store.retry import first_line, is_transient, retry
 from sweep.store.schema import PG_CONNECT_ARGS, ensure_indexes, schema_lock
@@ -130,14 +132,18 @@ def _open(url: str, role: str) -> Any:
 def _open_proxy_client(url: str) -> Any:
     from optuna.storages import GrpcStorageProxy
 
-    host, _, port = url[len(PROXY_SCHEME):].rstrip("/").rpartition(":")
+    address, _, query = url[len(PROXY_SCHEME):].partition("?")
+    host, _, port = address.rstrip("/").rpartition(":")
     if not host or not port.isdigit():
-        raise StorageError(f"storage {url!r}: want grpc://HOST:PORT")
+        raise StorageError(f"storage {redact(url)}: want grpc://HOST:PORT[/?password=TOKEN]")
+    token = (parse_qs(query).get("password") or [""])[0]
     try:
         import grpc  # noqa: F401
     except ImportError:
         raise StorageError(f"storage {url}: the gRPC proxy needs the grpcio package") from None
     with quiet_experimental():
+        if token:  # the driver's proxy asks every call for the token of its URL (sweep.store.proxy)
+            return _optuna.token_grpc_client(host.strip("[]"), int(port), token)
         return GrpcStorageProxy(host=host.strip("[]"), port=int(port))
 
 

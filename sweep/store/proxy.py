@@ -1,16 +1,23 @@
 """Optuna's gRPC storage proxy: the child process the driver starts in front of the database
 (:class:`StorageProxy`), and the server that process runs (:func:`serve_proxy`, :func:`main`).
 
-Workers then talk to the proxy (``grpc://HOST:PORT``) instead of the database, so the database sees
-one small pool however many workers run. ``grpc``, ``optuna`` and ``ray`` are imported inside the
-functions (start-up time of the processes that never run or reach a proxy).
+Workers then talk to the proxy (``grpc://HOST:PORT/?password=TOKEN``) instead of the database, so the
+database sees one small pool however many workers run. The proxy answers only calls that carry the
+per-run token of its URL (a random one each time the driver starts it; it reaches the proxy through its
+environment): on a cluster it listens on the node's address, where anything on the network reaches it.
+Started by hand without a token (``python -m sweep.store proxy``), it serves on a loopback address only.
+
+``grpc``, ``optuna`` and ``ray`` are imported inside the functions (start-up time of the processes that
+never run or reach a proxy).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -28,12 +35,13 @@ from sweep.store.urls import ENV_PROXY, ENV_PROXY_HOST, ENV_STORAGE, PROXY_SCHEM
 
 PROXY_THREADS = 16  # gRPC server threads; calls beyond the pool wait for a connection
 PROXY_READ_TTL_S = 0.5  # the proxy serves one read of the study's trials to every worker asking within this
+ENV_PROXY_TOKEN = "SWEEP_STORAGE_PROXY_TOKEN"  # the clients' token, given to the proxy process only
 
 
 def proxy_host() -> str:
     """The address the proxy binds: this node's address in a Ray cluster, loopback for a local Ray.
 
-    Never 0.0.0.0: the proxy has no authentication, so it listens only where the workers reach it.
+    Never 0.0.0.0: it listens only where the workers reach it (and asks them for its token).
     """
     host = os.environ.get(ENV_PROXY_HOST)
     if host:
@@ -59,10 +67,11 @@ class StorageProxy:
             raise StorageError(f"storage {redact(url)}: the gRPC proxy needs a database URL")
         self.host = host or proxy_host()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.token = secrets.token_urlsafe(32)
         last: Exception | None = None
         for _ in range(3):  # a port taken between choosing and binding: choose again
             self.port = _free_port(self.host)
-            env = {**os.environ, ENV_STORAGE: url}
+            env = {**os.environ, ENV_STORAGE: url, ENV_PROXY_TOKEN: self.token}
             env.pop(ENV_PROXY, None)
             # Its log goes to an unnamed file, read back only if it fails to start: a pipe nobody
             # reads would block a chatty proxy.
@@ -82,14 +91,12 @@ class StorageProxy:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{PROXY_SCHEME}{host}:{self.port}"
+        return f"{PROXY_SCHEME}{host}:{self.port}/?password={self.token}"  # masked by redact() like any password
 
     def _wait_ready(self, timeout_s: float) -> None:
-        from optuna.storages import GrpcStorageProxy
-
         end = time.monotonic() + timeout_s
         with quiet_experimental():
-            client = GrpcStorageProxy(host=self.host, port=self.port)
+            client = _optuna.token_grpc_client(self.host, self.port, self.token)
         try:
             while True:
                 assert self.proc is not None
@@ -121,6 +128,13 @@ class StorageProxy:
         self.proc = None
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _free_port(host: str) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -129,13 +143,17 @@ def _free_port(host: str) -> int:
 
 
 def serve_proxy(url: str, host: str, port: int, threads: int = PROXY_THREADS,
-                read_ttl_s: float = PROXY_READ_TTL_S) -> None:
+                read_ttl_s: float = PROXY_READ_TTL_S, token: str | None = None) -> None:
     """Run Optuna's gRPC proxy in front of ``url`` until SIGTERM or until the parent process exits.
 
-    Optuna's own service (``run_grpc_proxy_server`` builds the same server), with one change: a
+    Optuna's own service (``run_grpc_proxy_server`` builds the same server), with two changes: a
     client's trial read is answered from the coalesced snapshot by bisection rather than by
-    filtering every trial of the study on each call (:func:`sweep.store._optuna.add_proxy_service`).
+    filtering every trial of the study on each call (:func:`sweep.store._optuna.add_proxy_service`),
+    and with a ``token`` a call without it is refused; without one only a loopback address is served.
     """
+    if not token and not _loopback(host):
+        raise OSError(f"will not serve {host} without a client token ({ENV_PROXY_TOKEN}): anyone on the "
+                      "network could read and write the studies")
     from concurrent.futures import ThreadPoolExecutor
 
     import grpc
@@ -157,7 +175,8 @@ def serve_proxy(url: str, host: str, port: int, threads: int = PROXY_THREADS,
         os._exit(0)
 
     threading.Thread(target=orphan_watch, daemon=True).start()
-    server = grpc.server(ThreadPoolExecutor(max_workers=threads))
+    server = grpc.server(ThreadPoolExecutor(max_workers=threads),
+                         interceptors=[_optuna.token_check(token)] if token else None)
     with quiet_experimental():
         _optuna.add_proxy_service(server, storage)
     if server.add_insecure_port(f"{host}:{port}") == 0:
@@ -181,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep.store: {ENV_STORAGE} must name a database", file=sys.stderr)
         return 2
     try:
-        serve_proxy(url, args.host, args.port, args.threads, args.read_ttl_s)
+        serve_proxy(url, args.host, args.port, args.threads, args.read_ttl_s, os.environ.get(ENV_PROXY_TOKEN))
     except Exception as e:
         print(f"sweep.store: proxy: {scrub(first_line(e), url)}", file=sys.stderr)
         return 1

@@ -95,7 +95,7 @@ def test_spot_and_external_database(tmp_path):
     assert cfg["provider"]["security_group"]["GroupName"] == "trnsweep-phase1"
     env = cluster.env_file(options(tmp_path, db="secret", db_secret="trnsweep/db", db_host="db.x.rds.amazonaws.com",
                                   db_name="optuna"))
-    assert 'export SWEEP_DB_SECRET="trnsweep/db"' in env and "export SWEEP_DB_HOST=db.x.rds.amazonaws.com" in env
+    assert "export SWEEP_DB_SECRET=trnsweep/db" in env and "export SWEEP_DB_HOST=db.x.rds.amazonaws.com" in env
     assert "export SWEEP_DB_NAME=optuna" in env
     with pytest.raises(BadInput, match="--db-host"):
         cluster.render(options(tmp_path, db="secret", db_secret="s", db_host="x; rm -rf /"))
