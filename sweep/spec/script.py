@@ -39,7 +39,7 @@ from sweep.spec.space import SearchSpace, SpaceError
 TRAINER = "model.script.run"
 KEYS = {"script", "kit", "kit_setup", "kit_constants", "output", "eval_batch_size", "eval_device", "dialect",
         "budget_knob", "seed_knob", "eval_args", "eval_tokens", "promote_eval_tokens", "eval_seq_len",
-        "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance", "knobs"}
+        "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance", "knobs", "pass_env"}
 OUTPUT_PATTERNS = ("progress", "loss", "step", "val", "fail", "remaining_time", "remaining_steps", "charged")
 SEED_KEY = "seed"  # promote's replicates vary this key (sweep.ship.replicates.SEED)
 DIALECTS = ("kit", "autoresearch")
@@ -102,6 +102,7 @@ class ScriptSpec:
     progress_silence_s: float = 300.0
     over_budget_grace_s: float = 60.0
     claim_tolerance: float = 1e-4
+    pass_env: tuple[str, ...] = ()  # variables of the worker's environment the script may see beyond the allow-list
     flag_info: Mapping[str, source.Flag] = field(default_factory=dict)  # each flag knob's declaration
     knob_types: Mapping[str, str | None] = field(default_factory=dict)  # budget/seed knob name -> literal/type kind
     warnings: tuple[str, ...] = ()
@@ -309,6 +310,7 @@ def read(r: SpecReader, trial: Mapping[str, Any], params_t: Mapping[str, Any], s
         progress_silence_s=r.number(trial, "trial.progress_silence_s", low=0, strict=True, default=300.0),
         over_budget_grace_s=r.number(trial, "trial.over_budget_grace_s", low=0, default=60.0),
         claim_tolerance=r.number(trial, "trial.claim_tolerance", low=0, default=1e-4),
+        pass_env=_names(r, trial, "trial.pass_env"),
     )
     spec = _check_knobs(r, spec, space, spec_text, text, set(trial_knobs), _budget_kinds(trial))
     if kit is not None and kit_constants:
@@ -322,6 +324,14 @@ def _budget_kinds(trial: Mapping[str, Any]) -> set[str]:
     is ``type=int`` in the kit's baseline)."""
     b = trial.get("budget_s")
     return {"int"} if isinstance(b, (int, float)) and math.isfinite(b) and float(b).is_integer() else {"float"}
+
+
+def _names(r: SpecReader, trial: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    """A list of environment variable names (``[trial] pass_env``)."""
+    raw = trial.get(key.split(".")[-1], [])
+    if not isinstance(raw, list) or not all(isinstance(n, str) and n.isidentifier() for n in raw):
+        raise r.error(key, f"must list environment variable names, got {raw!r}")
+    return tuple(raw)
 
 
 def _file(r: SpecReader, trial: Mapping[str, Any], key: str, base: Path) -> Path:
