@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import math
 import statistics
 
@@ -146,10 +147,18 @@ def test_promote_runs_replicates_on_ray_and_resumes_without_rerunning(tmp_path, 
     # The values decide it: a winner only if the best interval clears the runner-up's.
     assert rep["verdict"] == ("winner" if best["ci_high"] < runner_up["ci_low"] else "within_noise"), rep
 
-    third = run_sweep(*args, "--seeds", "2", env=env, timeout=120)
-    assert third.returncode == 0 and json.loads(third.stdout.strip().splitlines()[-1]) == rep
-    assert "ray:" not in third.stderr  # nothing left to run: no driver started
+    # Nothing left to run (no driver started); the best configuration's cold start-up is rehearsed once.
+    third = run_sweep(*args, "--seeds", "2", "--cold-rehearsal", env=env, timeout=240)
+    assert third.returncode == 0 and json.loads(third.stdout.strip().splitlines()[-1]) == rep, third.stderr[-2000:]
+    assert "ray:" not in third.stderr
     assert len(load_trials(url, "src-promote-2")) == 4
+    rehearsed = best["trials"][0]
+    assert re.search(rf"trial {rehearsed}: cold start-up \d+ s, within the margin 840 s", third.stderr), third.stderr
+    import optuna
+
+    from sweep import store as st
+    linked_study = optuna.load_study(study_name="src-promote-2", storage=st.open_storage(url))
+    assert list(linked_study.user_attrs["cold_rehearsals"]) == [str(rehearsed)]
 
     # The linked study is a study like any other to the other commands.
     linked = str(tmp_path / "src-promote-2.toml")
