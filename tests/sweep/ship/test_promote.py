@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import re
 import math
+import re
 import statistics
 
 import pytest
@@ -156,7 +156,6 @@ def test_promote_runs_replicates_on_ray_and_resumes_without_rerunning(tmp_path, 
     assert re.search(rf"trial {rehearsed}: cold start-up \d+ s, within the margin 840 s", third.stderr), third.stderr
     import optuna
 
-    from sweep import store as st
     linked_study = optuna.load_study(study_name="src-promote-2", storage=st.open_storage(url))
     assert list(linked_study.user_attrs["cold_rehearsals"]) == [str(rehearsed)]
 
