@@ -70,15 +70,27 @@ def _program(name: str, study: str) -> str:
     return head + "\n" + tail
 
 
-@pytest.mark.parametrize("name", ["train.py", "inference.py"])
-def test_a_crafted_study_name_stays_text_in_the_exported_programs(tmp_path, name):
+def test_a_crafted_study_name_stays_text_in_the_exported_inference_py(tmp_path):
     marker = tmp_path / "pwned"
-    plain, crafted = _program(name, "plain"), _program(name, CRAFTED.format(marker=marker))
+    plain, crafted = _program("inference.py", "plain"), _program("inference.py", CRAFTED.format(marker=marker))
     tree = ast.parse(crafted)
     assert len(tree.body) == len(ast.parse(plain).body)  # no statement more: the name closed nothing
     doc = ast.get_docstring(tree, clean=False) or ""
     assert CRAFTED.format(marker=marker) in doc  # and it reads as written
-    exec(compile(ast.Module(body=tree.body[:1], type_ignores=[]), name, "exec"), {})  # the docstring runs: text
+    exec(compile(ast.Module(body=tree.body[:1], type_ignores=[]), "inference.py", "exec"), {})  # docstring: text
+    assert not marker.exists()
+
+
+def test_a_crafted_study_name_is_a_literal_in_the_exported_train_py(tmp_path):
+    """train.py holds the study's name only as the STUDY constant, a Python literal of the name."""
+    marker = tmp_path / "pwned"
+    name = CRAFTED.format(marker=marker)
+    programs = {study: "\n".join(export.train_program({"STUDY": study, "TRIAL": 0}, {"depth": 1}))
+                for study in ("plain", name)}
+    tree = ast.parse(programs[name])
+    assert len(tree.body) == len(ast.parse(programs["plain"]).body)
+    found = [n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "STUDY"]
+    assert len(found) == 1 and ast.literal_eval(found[0]) == name
     assert not marker.exists()
 
 
