@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
-import hmac
 import json
 import math
 import os
@@ -54,6 +53,7 @@ from model.script.score import (
     last_error,
     sha256,
 )
+from model.script.signing import sign
 
 BUDGET_CONSTANTS = ("TRAIN_TIME_BUDGET_SECONDS", "TIME_BUDGET")  # the kit's, then autoresearch's name
 CONFIG_KEYS = {"script", "kit", "constants", "kit_constants", "kit_budget_constants", "kit_setup", "output",
@@ -264,8 +264,12 @@ class ScriptRun:
                 passed += len(chunk)
             self.err_tail = (self.err_tail + chunk)[-8192:]
             self.err_reader.feed(chunk)
-            if self.err_reader.failed_line and not self.diverged:
-                self.diverged = f"the script printed {self.err_reader.failed_line!r}"
+            self._err_failed()
+
+    def _err_failed(self) -> None:
+        """A fail line on stderr (a kit script's `bad loss detected`) makes the run diverged."""
+        if self.err_reader.failed_line and not self.diverged:
+            self.diverged = f"the script printed {self.err_reader.failed_line!r}"
 
     def _watch(self, started: float) -> None:
         """Stop a script past its budget, start-up allowance and grace (over budget), and note a script
@@ -387,10 +391,8 @@ class ScriptRun:
                 self._line(figures)
         code = self.child.wait()
         tee.join(timeout=5)
-        for _, _figures in self.err_reader.finish():
-            pass
-        if self.err_reader.failed_line and not self.diverged:
-            self.diverged = f"the script printed {self.err_reader.failed_line!r}"
+        self.err_reader.finish()
+        self._err_failed()
         summary = dict(self.reader.summary)
         record.update({k: v for k, v in summary.items() if k in SUMMARY_KEYS[self.dialect] and k not in record})
         record.update(summary_fields(summary), wall_seconds=time.monotonic() - started, exit_code=code,
@@ -501,12 +503,8 @@ class ScriptRun:
 
 
 def event_line(event: dict[str, Any], key: bytes | None) -> str:
-    """One JSON event line, signed with ``key`` where the supervisor gave one (sweep.run.supervisor.sign)."""
-    if key is None:
-        return json.dumps(event, default=str)
-    payload = json.dumps(event, sort_keys=True, default=str)
-    mac = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
-    return json.dumps({**json.loads(payload), "sig": mac})
+    """One JSON event line, signed with ``key`` where the supervisor gave one."""
+    return json.dumps(event, default=str) if key is None else sign(key, event)
 
 
 def read_key(fd: int | None) -> bytes | None:

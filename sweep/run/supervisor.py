@@ -36,8 +36,6 @@ Long file: one class, the trainer group's whole life, which reads best in one pl
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -55,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from model.script.signing import signed
 from sweep import store as st
 from sweep.neuron import LaunchError, TrialLaunch
 from sweep.run.outcome import Outcome
@@ -156,21 +155,6 @@ def script_env(environ: dict[str, str], passed: tuple[str, ...] = ()) -> dict[st
     keep = {k: v for k, v in environ.items() if (k in SCRIPT_ENV_NAMES or k.startswith(SCRIPT_ENV_PREFIXES))
             and not SECRET_NAME.search(k)}
     return {**keep, **{k: environ[k] for k in passed if k in environ}}
-
-
-def sign(key: bytes, event: dict[str, Any]) -> str:
-    """One event line signed with the trial's key (the script trainer's side; :func:`signed` checks it)."""
-    payload = json.dumps(event, sort_keys=True, default=str)
-    mac = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
-    return json.dumps({**json.loads(payload), "sig": mac})
-
-
-def signed(key: bytes, event: dict[str, Any]) -> bool:
-    """Whether ``event`` carries the signature of its content under ``key`` (it loses its ``sig``)."""
-    mac = event.pop("sig", None)
-    payload = json.dumps(event, sort_keys=True)
-    wanted = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
-    return isinstance(mac, str) and hmac.compare_digest(mac, wanted)
 
 
 class Reporter:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.run.supervisor import Supervisor, TrialTask, script_env, sign
+from model.script.signing import sign
+from sweep.run.supervisor import Supervisor, TrialTask, script_env
 from tests.sweep_fixtures import ROOT, supervise
 
 pytestmark = pytest.mark.slow

@@ -241,7 +241,8 @@ def test_a_scripts_curve_keeps_its_unit_and_a_pruned_one_shows_no_val_bpb(tmp_pa
 
 
 def test_a_study_reports_one_metric_and_a_composite_reports_no_scripts_figure(tmp_path):
-    from sweep.run.supervisor import Supervisor, curve_metric, sign
+    from model.script.signing import sign
+    from sweep.run.supervisor import Supervisor, curve_metric
     from sweep.spec import objective as obj
 
     assert curve_metric("model.train", {"output": {"val": "x=(.*)"}}) == "val_bpb"
