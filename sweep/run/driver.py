@@ -448,15 +448,19 @@ class Driver:
             return "val_bpb"
         return "val" if script.output.get("val") else "train_loss_smoothed"
 
-    def _script_attrs(self) -> dict[str, str]:
+    def _script_attrs(self, params: dict[str, Any]) -> dict[str, str]:
         """A study of a script records the script it ran with every trial (sweep.spec.script)."""
-        script = self.spec.script
+        script = self.spec.script_for(params)
         return {} if script is None else {"script_sha256": script.sha256, "script_path": str(script.script)}
 
-    def submit(self, number: int, trial_id: int, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
+    def submit(self, number: int, trial_id: int, params: dict[str, Any], user_attrs: dict[str, Any],
+               placement: dict[str, Any] | None = None) -> Any:
+        """Start the trial's Ray task; ``placement`` adds Ray options (a comparison pins a pair to one node).
+        Returns the task's reference."""
         import ray
 
         spec = self.spec
+        script = spec.script_for(params)
         config = {**spec.trainer_config(params), "startup_allowance_s": spec.startup_allowance_s,
                   "eval_fractions": list(spec.eval_fractions)}
         # An ad-hoc trial runs to its end unless asked (--prunable); one with its own budget always does, since
@@ -473,16 +477,17 @@ class Driver:
             stop_grace_s=spec.stop_grace_s, heartbeat_s=spec.heartbeat_s,
             env={**spec.env, **spec.environment.trial_env()}, pruner=pruner,
             artifact_dir=str(art.scratch_root(store) / spec.name / str(number)), artifact_store=store,
-            attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs(), **spec.environment.attrs()},
+            attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs(params), **spec.environment.attrs()},
             compile_cache=spec.compile_cache,
-            objective=spec.objective, pass_env=spec.script.pass_env if spec.script is not None else (),
+            objective=spec.objective, pass_env=script.pass_env if script is not None else (),
         )
         if self._remote is None:
             self._remote = ray.remote(run_trial_task)
         ref = self._remote.options(max_retries=0, name=f"{spec.name}-trial-{number}",
-                                   **spec.resources.ray_options()).remote(task)
+                                   **{**spec.resources.ray_options(), **(placement or {})}).remote(task)
         self.inflight[ref] = InFlight(number, trial_id, params, time.monotonic(), deadline_s=task.deadline_s)
         self.say(printing.started_line(number, params, user_attrs))
+        return ref
 
     # -- waiting and results --------------------------------------------------------------------
 

@@ -57,6 +57,24 @@ class Resources:
         return {k: v for k, v in d.items() if v}
 
 
+SIDE = "side"  # a comparison trial's side: "base", "cand", "cand2", ... (sweep.compare)
+PAIR = "pair"  # which pair (one seed on one node) a comparison trial belongs to
+COMPARE_KEYS = (SIDE, PAIR)
+
+
+@dataclass(frozen=True)
+class Side:
+    """What one side of a comparison runs: a script (or our trainer, ``script`` None) with fixed parameters.
+
+    ``space`` computes its trainer config (fixed and derived values, ``seed`` searched) from ``params`` and
+    the trial's seed."""
+
+    label: str
+    script: script_spec.ScriptSpec | None
+    params: Mapping[str, Any]
+    space: SearchSpace
+
+
 @dataclass(frozen=True)
 class StudySpec:
     """A validated study spec. Durations are seconds; ``space`` holds params, derived and constraints."""
@@ -95,12 +113,25 @@ class StudySpec:
     infra_wait_s: float = 600.0
     script: script_spec.ScriptSpec | None = None  # a study of a team's own script (sweep.spec.script)
     environment: Environment = field(default_factory=Environment)  # [environment]: where trials run
+    # A comparison's sides (sweep.compare): a trial's ``side`` parameter picks what it runs; empty elsewhere.
+    sides: Mapping[str, Side] = field(default_factory=dict)
 
     def trainer_config(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The config the trainer gets for a trial's parameters: the space's flat dict, or, for a study of a
-        script, the script trainer's (the constants to set)."""
+        script, the script trainer's (the constants to set). A comparison's trial runs its side's."""
+        if self.sides:
+            side = self.sides[params[SIDE]]
+            flat = side.space.trainer_config({**side.params, **{k: v for k, v in params.items()
+                                                                if k not in COMPARE_KEYS}})
+            return side.script.trainer_config(flat) if side.script is not None else flat
         flat = self.space.trainer_config(params)
         return self.script.trainer_config(flat) if self.script is not None else flat
+
+    def script_for(self, params: Mapping[str, Any]) -> script_spec.ScriptSpec | None:
+        """The script a trial with ``params`` runs (its side's, in a comparison)."""
+        if self.sides and params.get(SIDE) in self.sides:
+            return self.sides[params[SIDE]].script
+        return self.script
 
     @property
     def directions(self) -> list[str]:
