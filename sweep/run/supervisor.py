@@ -65,6 +65,9 @@ log = logging.getLogger("sweep.run.supervisor")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_TRAINER = "model.script.run"  # sweep.spec.script.TRAINER: a team's script, read through its output
+TRAINER_LOG_CAP = 32 << 20  # bytes of the trainer's stderr kept in trainer.log (model.script.run's OUT_CAP)
+LOG_CUT_LINE = b"\n[trnsweep: the trainer's stderr is cut here, at its cap]\n"
+TAIL_BYTES = 8192  # of the trainer's stderr kept in memory for a one-line failure reason
 
 
 def curve_metric(trainer: str, config: dict[str, Any]) -> str:
@@ -192,6 +195,9 @@ class Supervisor:
         self._superseded = False
         self._reaper_w: int | None = None
         self._files: list[IO[Any]] = []
+        self.log_cap = TRAINER_LOG_CAP  # trainer.log is cut here; the rest of stderr is still read (see _drain)
+        self._err_tail = bytearray()  # the end of the trainer's stderr, whatever the cap kept
+        self._drainer: threading.Thread | None = None
         self._stop = threading.Event()
         self._lost = threading.Event()
         self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.run.reaper
@@ -219,9 +225,9 @@ class Supervisor:
         self.launch_attrs = self.launch.attrs
         config_path = self.artifact_dir / "config.json"
         config_path.write_text(json.dumps(self.launch.config, indent=1, sort_keys=True) + "\n")
-        stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
+        trainer_log = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
         events = open(self.artifact_dir / "events.jsonl", "a")  # noqa: SIM115
-        self._files += [stderr, events]
+        self._files += [trainer_log, events]
         base = dict(os.environ) if self.key is None else script_env(dict(os.environ), task.pass_env)
         env = {**base, **task.env, **self.launch.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -238,7 +244,7 @@ class Supervisor:
         launched = time.monotonic()
         deadline = launched + task.deadline_s
         try:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                          cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env),
                                          pass_fds=key_fds)
         finally:
@@ -250,6 +256,9 @@ class Supervisor:
         self.marks["reaper"] = time.monotonic()
         lines: queue.Queue[bytes | None] = queue.Queue()
         threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
+        self._drainer = threading.Thread(target=_drain, daemon=True,
+                                         args=(self.proc.stderr, trainer_log, self.log_cap, self._err_tail))
+        self._drainer.start()
         beat = threading.Thread(target=self._heartbeats, daemon=True)
         beat.start()
 
@@ -293,6 +302,7 @@ class Supervisor:
                 killed_at = killed_at or now
         self.marks["eof"] = time.monotonic()
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
+        self._drainer.join(timeout=10)  # the group is gone: its stderr closes, unless something outside holds it
         self.marks["reaped"] = time.monotonic()
         self.launch_attrs = self.launch.finished(self.record, self.launch_unix, self.first_step_unix)
         if self.unsigned_lines:  # a script wrote JSON lines where only its trainer may: said on the trial
@@ -451,7 +461,7 @@ class Supervisor:
         out = Outcome(number=task.number, state="FAIL", record=rec, last_step=self.last_step,
                       curve_metric=task.curve_metric)
         status = (rec or {}).get("status")
-        tail = _tail(self.artifact_dir / "trainer.log")
+        tail = _last_line(bytes(self._err_tail))
         if self._superseded:
             out.fail_kind, out.reason = "lost", "trial was finished elsewhere (declared lost); trainer killed"
         elif self._pruned_at is not None:
@@ -516,13 +526,25 @@ def as_float(v: Any) -> float | None:
     return float(v)
 
 
-def _tail(path: Path, limit: int = 300) -> str:
-    """The last non-empty line of a log, for one-line failure reasons."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
+def _drain(stream: IO[bytes] | None, log: IO[bytes], cap: int, tail: bytearray) -> None:
+    """The trainer's stderr into trainer.log, cut at ``cap`` bytes with a line saying so, as the script trainer
+    cuts a script's streams; all of it is still read, so the trainer never blocks on a full pipe, and its last
+    bytes are kept in ``tail`` for the failure reason."""
+    assert stream is not None
+    written = 0
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        if written < cap:
+            with contextlib.suppress(OSError, ValueError):  # a full disk (or a closed log) costs the log only
+                log.write(chunk[:cap - written])
+                if written + len(chunk) > cap:
+                    log.write(LOG_CUT_LINE)
+                log.flush()
+            written += len(chunk)
+        tail += chunk
+        del tail[:-TAIL_BYTES]
+
+
+def _last_line(text: bytes, limit: int = 300) -> str:
+    """The last non-empty line of the trainer's stderr, for one-line failure reasons."""
+    lines = [ln.strip() for ln in text.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-1][:limit] if lines else ""
