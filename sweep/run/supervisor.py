@@ -56,6 +56,7 @@ from typing import IO, Any
 from model.script.signing import signed
 from sweep import store as st
 from sweep.neuron import LaunchError, TrialLaunch
+from sweep.neuron.overlay import seed_mode
 from sweep.run.outcome import Outcome
 from sweep.run.reaper import TOKEN_VAR, kill_trial, tagged_pids
 from sweep.spec import objective as obj
@@ -217,8 +218,11 @@ class Supervisor:
         task = self.task
         self._usable_artifact_dir()
         try:  # launch keys out of the config, cores mapped onto ranks, the compile cache pointed at
+            # A script trial's compile cache is a private one over the shared cache (sweep.neuron.overlay).
+            private = self.artifact_dir / "neuron-cache" if self.key is not None else None
             self.launch = TrialLaunch.prepare(task.config, task.ranks, task.env, task.compile_cache,
-                                              pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir)
+                                              pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir,
+                                              private_cache=private, seed=seed_mode(os.environ, False))
         except LaunchError as e:
             return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"launch plan refused: {e}",
                            curve_metric=task.curve_metric)
