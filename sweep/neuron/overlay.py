@@ -83,6 +83,7 @@ class Overlay:
         (``.neff``) comes after the other new files of its directory. A seeded entry that the trial replaced
         or changed is refused (counted, never published)."""
         published = refused = 0
+        owner = os.stat(self.shared)
         for base, _dirs, files in os.walk(self.private):  # never into a linked directory
             rel_dir = Path(base).relative_to(self.private)
             for name in sorted(files, key=lambda n: (n.endswith(".neff"), n)):
@@ -93,13 +94,16 @@ class Overlay:
                     continue
                 if name.startswith(".") or not stat.S_ISREG(st.st_mode):
                     continue
-                if _publish_file(Path(base) / name, self.shared / rel):
+                if _publish_file(Path(base) / name, self.shared, Path(rel), owner):
                     published += 1
         return published, refused
 
 
-def _publish_file(src: Path, dst: Path) -> bool:
-    """``src`` (a regular file, never a link) copied whole to ``dst`` unless ``dst`` exists; whether it was."""
+def _publish_file(src: Path, shared: Path, rel: Path, owner: os.stat_result) -> bool:
+    """``src`` (a regular file, never a link) copied whole to ``shared / rel`` unless that exists; whether it was.
+    What it creates belongs to the shared directory's owner (a root supervisor publishing into the node's cache,
+    which the service's user syncs)."""
+    dst = shared / rel
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -107,14 +111,15 @@ def _publish_file(src: Path, dst: Path) -> bool:
     with os.fdopen(fd, "rb") as source:
         if not stat.S_ISREG(os.fstat(source.fileno()).st_mode) or os.path.lexists(dst):
             return False
-        dst.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(shared, rel.parent, owner)
         tmp = dst.parent / f"{PUBLISH_TMP}{secrets.token_hex(8)}"
         try:
             with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
                 shutil.copyfileobj(source, out)
                 out.flush()
                 os.fsync(out.fileno())
-            os.chmod(tmp, 0o644)  # whatever the umask: every trial and the node's sync read it
+                os.fchmod(out.fileno(), 0o644)  # whatever the umask: every trial and the node's sync read it
+                _give(out.fileno(), owner)
             os.link(tmp, dst)  # fails where the name exists: an entry is never replaced
         except FileExistsError:
             return False
@@ -122,3 +127,24 @@ def _publish_file(src: Path, dst: Path) -> bool:
             with contextlib.suppress(OSError):
                 tmp.unlink()
     return True
+
+
+def _make_dirs(shared: Path, rel: Path, owner: os.stat_result) -> None:
+    """The folders of ``rel`` under ``shared``, each made one belonging to the shared directory's owner."""
+    path = shared
+    for part in rel.parts:
+        path = path / part
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            _give(fd, owner)
+        finally:
+            os.close(fd)
+
+
+def _give(fd: int, owner: os.stat_result) -> None:
+    if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
+        os.fchown(fd, owner.st_uid, owner.st_gid)

@@ -8,6 +8,7 @@ functions run in-process against moto's S3.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -189,3 +190,22 @@ def test_a_bad_seed_setting_is_one_line():
     with pytest.raises(neuron.LaunchError, match=r"^SWEEP_NEFF_CACHE_SEED='hard': must be one of link, copy$"):
         neuron.overlay.seed_mode({"SWEEP_NEFF_CACHE_SEED": "hard"}, False)
     assert neuron.overlay.seed_mode({}, True) == "link" and neuron.overlay.seed_mode({}, False) == "copy"
+
+
+def test_a_root_supervisor_publishes_as_the_shared_caches_owner(tmp_path):
+    """A worker's supervisor is root; the node's cache is the service user's, which node_sync writes into."""
+    from tests.ci import skip_unless_ci
+
+    if os.geteuid() != 0:
+        skip_unless_ci("giving a file to another user needs root")
+    neff, _ = shared_cache(tmp_path)
+    nobody = 65534
+    for path in (neff, *neff.rglob("*")):
+        os.chown(path, nobody, nobody)
+    overlay = neuron.overlay.Overlay(neff, tmp_path / "private", "link")
+    overlay.seed()
+    rename_into(tmp_path / "private" / "ef" / "01" / "k.neff", b"new")
+    assert overlay.publish() == (1, 0)
+    for path in (neff / "ef", neff / "ef" / "01", neff / "ef" / "01" / "k.neff"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (nobody, nobody), path
+    assert stat.S_IMODE((neff / "ef" / "01" / "k.neff").stat().st_mode) == 0o644
