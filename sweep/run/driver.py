@@ -476,6 +476,7 @@ class Driver:
             attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs(), **spec.environment.attrs()},
             compile_cache=spec.compile_cache,
             objective=spec.objective, pass_env=spec.script.pass_env if spec.script is not None else (),
+            run_as=spec.script.run_as if spec.script is not None else "",
         )
         if self._remote is None:
             self._remote = ray.remote(run_trial_task)

@@ -45,6 +45,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -59,6 +60,7 @@ from sweep.neuron import LaunchError, TrialLaunch
 from sweep.neuron.overlay import seed_mode
 from sweep.run.outcome import Outcome
 from sweep.run.reaper import TOKEN_VAR, kill_trial, tagged_pids
+from sweep.run.trialuser import TrialUser, TrialUserError, wanted
 from sweep.spec import objective as obj
 from sweep.spec.limits import is_oom, preexec
 
@@ -106,6 +108,7 @@ class TrialTask:
     compile_cache: str = ""  # the spec's trial.compile_cache (see sweep.neuron)
     objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna
     pass_env: tuple[str, ...] = ()  # [trial] pass_env: variables a script trial may see beyond the allow-list
+    run_as: str = ""  # [trial] run_as, a script trial's user; "" takes the node's (sweep.run.trialuser)
 
     def eval_step(self, progress: float) -> int:
         """The nominal eval point nearest to ``progress``, in whole charged seconds.
@@ -211,22 +214,32 @@ class Supervisor:
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
         self.launch: TrialLaunch | None = None  # Neuron launch plan, cache and utilisation (sweep.neuron)
         self.launch_attrs: dict[str, Any] = {}
+        self.user: TrialUser | None = None  # a script trial's own user (sweep.run.trialuser), if any
+        self._handed_over = False  # the trial's folder belongs to the trial user until _take_back
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
         task = self.task
         self._usable_artifact_dir()
+        try:
+            self.user = self._trial_user()
+        except TrialUserError as e:
+            return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"trial user: {e}",
+                           curve_metric=task.curve_metric)
+        other_user = self.user is not None and self.user.uid != os.geteuid()
         try:  # launch keys out of the config, cores mapped onto ranks, the compile cache pointed at
             # A script trial's compile cache is a private one over the shared cache (sweep.neuron.overlay).
             private = self.artifact_dir / "neuron-cache" if self.key is not None else None
             self.launch = TrialLaunch.prepare(task.config, task.ranks, task.env, task.compile_cache,
                                               pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir,
-                                              private_cache=private, seed=seed_mode(os.environ, False))
+                                              private_cache=private, seed=seed_mode(os.environ, other_user))
         except LaunchError as e:
             return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"launch plan refused: {e}",
                            curve_metric=task.curve_metric)
         self.launch_attrs = self.launch.attrs
+        if self.user is not None:
+            self.launch_attrs["trial_user"] = self.user.name
         config_path = self.artifact_dir / "config.json"
         config_path.write_text(json.dumps(self.launch.config, indent=1, sort_keys=True) + "\n")
         trainer_log = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
@@ -237,6 +250,16 @@ class Supervisor:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = trainer_command(replace(task, ranks=self.launch.ranks), config_path, self.artifact_dir, self.python,
                               self.launch.rank_module)
+        as_user: dict[str, Any] = {}
+        if other_user and self.user is not None:
+            why = self._kit_setup_first(cmd, env, trainer_log)
+            if why:
+                return Outcome(number=task.number, state="FAIL", fail_kind="failed", reason=why,
+                               curve_metric=task.curve_metric)
+            env.update(self.user.env(self.artifact_dir))
+            self._handed_over = True
+            self.user.hand_over(self.artifact_dir, keep=("config.json", "trainer.log", "events.jsonl"))
+            as_user = self.user.popen_args()
         key_fds: tuple[int, ...] = ()
         if self.key is not None:
             read_fd, write_fd = os.pipe()
@@ -250,7 +273,7 @@ class Supervisor:
         try:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                          cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env),
-                                         pass_fds=key_fds)
+                                         pass_fds=key_fds, **as_user)
         finally:
             for fd in key_fds:
                 os.close(fd)
@@ -308,10 +331,59 @@ class Supervisor:
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
         self._drainer.join(timeout=10)  # the group is gone: its stderr closes, unless something outside holds it
         self.marks["reaped"] = time.monotonic()
+        self._take_back()  # before anything of ours reads, publishes or writes there
         self.launch_attrs = self.launch.finished(self.record, self.launch_unix, self.first_step_unix)
         if self.unsigned_lines:  # a script wrote JSON lines where only its trainer may: said on the trial
             self.launch_attrs["unsigned_lines"] = self.unsigned_lines
         return self._outcome(returncode)
+
+    def _trial_user(self) -> TrialUser | None:
+        """The user a script trial runs as (:mod:`sweep.run.trialuser`), checked to reach what the trial needs;
+        None for our own trainer (our code, run as the service) or where neither spec nor node names one."""
+        name = wanted(self.task.run_as, os.environ)
+        if not name or self.key is None:
+            return None
+        user = TrialUser.resolve(name)
+        if user.uid == os.geteuid():
+            return user
+        python = self.python or sys.executable
+        needs = [(python, os.X_OK), (REPO_ROOT, os.R_OK | os.X_OK), (self.artifact_dir.parent, os.X_OK)]
+        if python == sys.executable:
+            needs += [(sys.prefix, os.R_OK | os.X_OK), (sysconfig.get_path("stdlib"), os.R_OK | os.X_OK)]
+        needs += [(self.task.config[k], os.R_OK) for k in ("script", "kit") if isinstance(self.task.config.get(k), str)]
+        for path, want in needs:
+            why = user.unreachable(path, want)
+            if why:
+                raise TrialUserError(f"{user.name} cannot reach what the trial needs: {why}")
+        return user
+
+    def _kit_setup_first(self, cmd: list[str], env: dict[str, str], log: IO[bytes]) -> str | None:
+        """The kit's setup (``kit_setup``) as the service's user, before a trial of another user, who may not
+        write the kit folder; the trainer then finds the kit ready. Why it failed, or None."""
+        if not (self.task.config.get("kit") and self.task.config.get("kit_setup")):
+            return None
+        try:
+            proc = subprocess.run([*cmd, "--setup-only"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.PIPE,
+                                  cwd=REPO_ROOT, env=env, timeout=self.task.deadline_s)
+        except subprocess.TimeoutExpired:
+            return f"kit setup (as the service's user) ran past the trial's deadline {self.task.deadline_s:g} s"
+        with contextlib.suppress(OSError):
+            log.write(proc.stderr[-self.log_cap:])
+            log.flush()
+        if proc.returncode:
+            return (f"kit setup (as the service's user) failed: "
+                    f"{_last_line(proc.stderr).removeprefix('error: ') or f'exit {proc.returncode}'}")
+        return None
+
+    def _take_back(self) -> None:
+        """The trial's folder back from the trial user (:meth:`TrialUser.take_back`); a failure is said on the trial."""
+        if not self._handed_over:
+            return
+        self._handed_over = False
+        try:
+            TrialUser.take_back(self.artifact_dir)
+        except OSError as e:
+            self.artifacts_error = self.artifacts_error or f"taking back {self.artifact_dir}: {e.strerror or e}"
 
     def _usable_artifact_dir(self) -> None:
         """Make the trial's working directory, or a scratch one where it cannot be written.
@@ -354,6 +426,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
+        self._take_back()  # a trial that never got as far as its outcome (its folder is still the trial user's)
 
     # -- events ---------------------------------------------------------------------------------
 
