@@ -30,6 +30,7 @@ CHIPS = {SMALL: 1, LARGE: 16}
 PHYSICAL_CORES_PER_CHIP = 8
 DEFAULT_TORCH_PIN = "torch==2.13.0"
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
+TRIAL_USER = "trnsweep-trial"  # the system user script trials run as on a worker (infra/ray/trial_user.sh)
 _PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
 
 
@@ -136,6 +137,8 @@ def env_file(opts: Options) -> str:
         'export TORCH_NEURONX_NEFF_CACHE_DIR="$NEURON_CACHE_DIR/neff"',
         'export NEURON_COMPILE_CACHE_URL="$NEURON_CACHE_DIR/xla"',
         f"export NEURON_LOGICAL_NC_CONFIG={q(str(opts.lnc))}",
+        "# The user a team's script trials run as (sweep/run/trialuser.py), made by infra/ray/trial_user.sh.",
+        f"export SWEEP_TRIAL_USER={q(TRIAL_USER)}",
         "# Where trials run (sweep/neuron/environment.py); under competition the image venv's name as well.",
         f"export {environment.PROFILE_VAR}={q(opts.profile)}",
         *([f"export {environment.VENV_VAR}={q(opts.image_venv)}"] if opts.profile == environment.COMPETITION else []),
@@ -161,6 +164,7 @@ def render(opts: Options, template: dict[str, Any] | None = None, source_dir: Pa
         "SOURCE": str(source_dir if source_dir is not None else opts.source),
         "AUTH_TOKEN": str(opts.auth_token),
         "TORCH_PIN": opts.torch_pin,
+        "TRIAL_USER": TRIAL_USER,
         **worker_setup(opts),
         "HEAD_DB_SETUP": "bash ~/trnsweep/infra/ray/head_postgres.sh" if opts.db == "head" else "",
     }

@@ -189,9 +189,11 @@ def kit_setup(kit: Path, args: list[str] | None = None) -> str | None:
     args = [str(a) for a in (args or [])]
     marker = kit.parent / ".kit-ready"
     digest = hashlib.sha256((sha256(kit) + "\0" + "\0".join(args)).encode()).hexdigest() if args else sha256(kit)
+    if _kit_ready(marker, digest):  # no lock to take: a trial of a user who may not write the kit folder gets here
+        return None
     with open(kit.parent / ".kit-ready.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and marker.read_text().strip() == digest:
+        if _kit_ready(marker, digest):
             return None
         proc = subprocess.run([sys.executable, kit.name, *args], cwd=kit.parent, stdout=sys.stderr,
                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace")
@@ -201,6 +203,13 @@ def kit_setup(kit: Path, args: list[str] | None = None) -> str | None:
         (kit.parent / MARKER_MANIFEST).write_text(json.dumps(kit_manifest(kit.parent), sort_keys=True))
         marker.write_text(digest + "\n")
     return None
+
+
+def _kit_ready(marker: Path, digest: str) -> bool:
+    try:
+        return marker.read_text().strip() == digest
+    except OSError:
+        return False
 
 
 def launch_command(script: Path, ranks: int, rank_module: str | None, torchrun: bool = False) -> list[str]:
@@ -545,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=1, help="torchrun processes")
     parser.add_argument("--rank-module", default=None, help="a module each rank runs first (it then runs the script)")
     parser.add_argument("--key-fd", type=int, default=None, help="a pipe holding the key that signs each event line")
+    parser.add_argument("--setup-only", action="store_true",
+                        help="only the kit's setup (kit_setup), as a user who may write the kit folder; exit 1 with "
+                             "the reason when it fails")
     args = parser.parse_args(argv)
     key = read_key(args.key_fd)
     try:
@@ -555,6 +567,13 @@ def main(argv: list[str] | None = None) -> int:
             raise BadConfig(f"--config: {e}") from None
         if not isinstance(raw, dict):
             raise BadConfig("--config must be a JSON object")
+        if args.setup_only:
+            cfg = read_config(raw)
+            why = kit_setup(Path(cfg["kit"]).resolve(), cfg.get("kit_setup_args")) \
+                if cfg.get("kit") and cfg.get("kit_setup") else None
+            if why:
+                print(f"error: {why}", file=sys.stderr)
+            return 1 if why else 0
         run = ScriptRun(read_config(raw), args.budget_s, args.out_dir, args.ranks, args.rank_module, args.json)
         run.key = key
         args.out_dir.mkdir(parents=True, exist_ok=True)

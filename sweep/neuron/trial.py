@@ -4,7 +4,9 @@
 and torchrun arguments, narrows ``NEURON_RT_VISIBLE_CORES`` to the ranks' cores (one core per process:
 a single rank sees its core as ``neuron:0``; several ranks each get their own through
 :mod:`sweep.neuron.rank`), points the compile caches at the trial's cache and records
-what happened. It lives apart from ``launch`` because it draws on every other module of the package.
+what happened. A script trial gets a private cache over the shared one (:mod:`sweep.neuron.overlay`), whose new
+entries are published once it has finished. It lives apart from ``launch`` because it draws on every other
+module of the package.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import Any
 
 from sweep.neuron.cache import (
     MIN_CACHE_FREE_BYTES,
+    NEFF_CACHE_VAR,
     NEFF_DISABLE_VAR,
+    NODE_CACHE_VAR,
     PUSH_MIN_AGE_S,
+    XLA_CACHE_VAR,
     CacheLocation,
     cache_disabled_by,
     cache_entries,
@@ -47,6 +52,7 @@ from sweep.neuron.launch import (
     to_trial_lnc,
 )
 from sweep.neuron.monitor import ATTR_TOOLS_MISSING, MonitorSampler, check_node, find_tool, neuron_ls
+from sweep.neuron.overlay import Overlay
 
 
 @dataclass
@@ -66,12 +72,16 @@ class TrialLaunch:
     sampler: MonitorSampler | None = None
     rank_module: str | None = None  # torchrun runs this in each rank (it narrows the cores, then the trainer)
     sync: Callable[[str, str, float], str | None] = run_sync  # S3 <-> the NEFF mirror (cache.run_sync)
+    overlays: list[Overlay] = field(default_factory=list)  # a script trial's private caches over the shared ones
 
     @classmethod
     def prepare(cls, config: Mapping[str, Any], default_ranks: int, task_env: Mapping[str, str],
                 compile_cache: str = "", node_env: Mapping[str, str] | None = None,
                 pids: Callable[[], Iterable[int]] | None = None, workdir: Path | None = None,
-                sync: Callable[[str, str, float], str | None] | None = None) -> TrialLaunch:
+                sync: Callable[[str, str, float], str | None] | None = None,
+                private_cache: Path | None = None, seed: str = "copy") -> TrialLaunch:
+        """The plan; with ``private_cache`` (a script trial's) the trainer's caches are private directories there,
+        seeded from the shared ones by ``seed`` (``link`` or ``copy``, :mod:`sweep.neuron.overlay`)."""
         node_env = dict(os.environ if node_env is None else node_env)
         env = {**node_env, **task_env}
         ranks, lnc, flags = launch_values(config, default_ranks, task_env)
@@ -109,13 +119,15 @@ class TrialLaunch:
             attrs.update(neuron_cores_assigned=format_cores(assigned), neuron_rank_cores=format_cores(rank_cores))
         neuron = bool(visible) or config.get("device") == "neuron" or bool(compile_cache)
         if neuron:
-            launch._configure_cache(cache_location(compile_cache, node_env), task_env, env)
+            launch._configure_cache(cache_location(compile_cache, node_env), task_env, env, private_cache, seed)
             launch.sampler = MonitorSampler(pids, workdir)
         return launch
 
-    def _configure_cache(self, loc: CacheLocation, task_env: Mapping[str, str], env: Mapping[str, str]) -> None:
-        """Point the caches at ``loc`` (explicit trial.env settings win) and remember what is in them; ``env``
-        is the node's environment with trial.env over it, as the trainer will see it."""
+    def _configure_cache(self, loc: CacheLocation, task_env: Mapping[str, str], env: Mapping[str, str],
+                         private: Path | None = None, seed: str = "copy") -> None:
+        """Point the caches at ``loc`` (explicit trial.env settings win), or at private directories over it, and
+        remember what is in them; ``env`` is the node's environment with trial.env over it, as the trainer will
+        see it."""
         self.cache = loc
         self.env.update({k: v for k, v in loc.env().items() if k not in task_env})
         self.attrs["compile_cache"] = loc.kind if loc.kind == "node" else loc.root
@@ -126,11 +138,17 @@ class TrialLaunch:
             free = shutil.disk_usage(dirs[0]).free
         except OSError as e:
             self.attrs["compile_cache_error"] = f"{type(e).__name__}: {e}"[:300]
+            if private is not None:  # still never the shared directory: an empty private one
+                self._overlay(loc, task_env, private, seed)
+                self.cache_before = cache_entries(str(o.private) for o in self.overlays)
             return
         if loc.remote:  # what other nodes compiled, before the trainer looks
             error = self.sync(loc.remote, loc.neff_dir, 0.0)
             if error:
                 self.attrs["compile_cache_error"] = f"pull: {error}"[:300]
+        if private is not None:
+            self._overlay(loc, task_env, private, seed)
+            dirs = [str(o.private) for o in self.overlays] or dirs
         if free < MIN_CACHE_FREE_BYTES:  # keep the room the compiler and the trial still need (docs/neuron.md)
             # The persistent (on-disk) NEFF cache is the C++ backend's, which reads this name and exactly "1"
             # (docs/neuron.md, "Compile cache"); the other name only switches off the in-process cache.
@@ -141,6 +159,38 @@ class TrialLaunch:
         if disabled:  # every graph compiles again, and the hit/miss verdict says miss
             self.attrs["compile_cache_disabled"] = f"{disabled} turns TorchNeuron's NEFF cache off for this trial"
         self.cache_before = cache_entries(dirs)
+
+    def _overlay(self, loc: CacheLocation, task_env: Mapping[str, str], private: Path, seed: str) -> None:
+        """The trainer's caches as private directories under ``private``, seeded from the shared ones; a cache
+        that trial.env points elsewhere is the spec's own choice and stays as it is."""
+        self.attrs["compile_cache_private"] = seed
+        self.env[NODE_CACHE_VAR] = str(private)
+        for var, shared, name in ((NEFF_CACHE_VAR, loc.neff_dir, "neff"), (XLA_CACHE_VAR, loc.xla_url, "xla")):
+            if var in task_env or not shared or shared.startswith("s3://"):
+                continue
+            overlay = Overlay(Path(shared), private / name, seed)
+            try:
+                overlay.seed()
+            except OSError as e:  # the trial compiles what it needs; the shared cache stays as it is
+                self.attrs["compile_cache_error"] = f"seeding {overlay.private}: {type(e).__name__}: {e}"[:300]
+            self.overlays.append(overlay)
+            self.env[var] = str(overlay.private)
+
+    def publish(self) -> None:
+        """The private caches' new entries into the shared ones (:meth:`Overlay.publish`), once no process of the
+        trial is left; then the private directories go."""
+        published = refused = 0
+        for overlay in self.overlays:
+            try:
+                done, bad = overlay.publish()
+            except OSError as e:
+                self.attrs["compile_cache_error"] = f"publish: {type(e).__name__}: {e}"[:300]
+                continue
+            published, refused = published + done, refused + bad
+            shutil.rmtree(overlay.private, ignore_errors=True)
+        if self.overlays:
+            self.attrs.update(graph_cache_published=published, graph_cache_refused=refused)
+        self.overlays = []
 
     def started(self) -> None:
         if self.sampler is not None and not self.sampler.start():
@@ -153,13 +203,16 @@ class TrialLaunch:
         """Everything to record: launch attributes, cache verdict, compile and start-up seconds, utilisation."""
         self.close()
         rec = record or {}
+        compiled = False
         if self.cache is not None and rec.get("device", "neuron") == "neuron":
             compiled = first_step_unix is not None or bool(rec.get("steps"))
-            self.attrs.update(cache_outcome(self.cache_before, cache_entries(self.cache.local_dirs()), compiled))
-            if self.cache.remote and compiled:  # share what this trial compiled
-                error = self.sync(self.cache.neff_dir, self.cache.remote, PUSH_MIN_AGE_S)
-                if error:
-                    self.attrs["compile_cache_error"] = f"push: {error}"[:300]
+            dirs = [str(o.private) for o in self.overlays] or self.cache.local_dirs()
+            self.attrs.update(cache_outcome(self.cache_before, cache_entries(dirs), compiled))
+        self.publish()  # before the push: what the trial compiled reaches the mirror this way only
+        if compiled and self.cache is not None and self.cache.remote:
+            error = self.sync(self.cache.neff_dir, self.cache.remote, PUSH_MIN_AGE_S)  # share what it compiled
+            if error:
+                self.attrs["compile_cache_error"] = f"push: {error}"[:300]
         secs = compile_seconds(rec)
         if secs is not None:
             self.attrs["compile_seconds"] = secs

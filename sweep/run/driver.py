@@ -480,6 +480,7 @@ class Driver:
             attrs={ATTR_SPEC_HASH: self.spec_hash, **self._script_attrs(params), **spec.environment.attrs()},
             compile_cache=spec.compile_cache,
             objective=spec.objective, pass_env=script.pass_env if script is not None else (),
+            run_as=script.run_as if script is not None else "",
         )
         if self._remote is None:
             self._remote = ray.remote(run_trial_task)

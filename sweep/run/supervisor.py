@@ -45,6 +45,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -56,8 +57,10 @@ from typing import IO, Any
 from model.script.signing import signed
 from sweep import store as st
 from sweep.neuron import LaunchError, TrialLaunch
+from sweep.neuron.overlay import seed_mode
 from sweep.run.outcome import Outcome
 from sweep.run.reaper import TOKEN_VAR, kill_trial, tagged_pids
+from sweep.run.trialuser import TrialUser, TrialUserError, wanted
 from sweep.spec import objective as obj
 from sweep.spec.limits import is_oom, preexec
 
@@ -65,6 +68,9 @@ log = logging.getLogger("sweep.run.supervisor")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_TRAINER = "model.script.run"  # sweep.spec.script.TRAINER: a team's script, read through its output
+TRAINER_LOG_CAP = 32 << 20  # bytes of the trainer's stderr kept in trainer.log (model.script.run's OUT_CAP)
+LOG_CUT_LINE = b"\n[trnsweep: the trainer's stderr is cut here, at its cap]\n"
+TAIL_BYTES = 8192  # of the trainer's stderr kept in memory for a one-line failure reason
 
 
 def curve_metric(trainer: str, config: dict[str, Any]) -> str:
@@ -102,6 +108,7 @@ class TrialTask:
     compile_cache: str = ""  # the spec's trial.compile_cache (see sweep.neuron)
     objective: obj.Objective = field(default_factory=obj.Objective)  # what is told to Optuna
     pass_env: tuple[str, ...] = ()  # [trial] pass_env: variables a script trial may see beyond the allow-list
+    run_as: str = ""  # [trial] run_as, a script trial's user; "" takes the node's (sweep.run.trialuser)
 
     def eval_step(self, progress: float) -> int:
         """The nominal eval point nearest to ``progress``, in whole charged seconds.
@@ -192,6 +199,9 @@ class Supervisor:
         self._superseded = False
         self._reaper_w: int | None = None
         self._files: list[IO[Any]] = []
+        self.log_cap = TRAINER_LOG_CAP  # trainer.log is cut here; the rest of stderr is still read (see _drain)
+        self._err_tail = bytearray()  # the end of the trainer's stderr, whatever the cap kept
+        self._drainer: threading.Thread | None = None
         self._stop = threading.Event()
         self._lost = threading.Event()
         self.token = uuid.uuid4().hex  # in every trainer process's environment, see sweep.run.reaper
@@ -204,29 +214,52 @@ class Supervisor:
         self.artifact_dir = Path(task.artifact_dir) if task.artifact_dir else Path.cwd() / "runs" / "scratch"
         self.launch: TrialLaunch | None = None  # Neuron launch plan, cache and utilisation (sweep.neuron)
         self.launch_attrs: dict[str, Any] = {}
+        self.user: TrialUser | None = None  # a script trial's own user (sweep.run.trialuser), if any
+        self._handed_over = False  # the trial's folder belongs to the trial user until _take_back
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
         task = self.task
         self._usable_artifact_dir()
+        try:
+            self.user = self._trial_user()
+        except TrialUserError as e:
+            return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"trial user: {e}",
+                           curve_metric=task.curve_metric)
+        other_user = self.user is not None and self.user.uid != os.geteuid()
         try:  # launch keys out of the config, cores mapped onto ranks, the compile cache pointed at
+            # A script trial's compile cache is a private one over the shared cache (sweep.neuron.overlay).
+            private = self.artifact_dir / "neuron-cache" if self.key is not None else None
             self.launch = TrialLaunch.prepare(task.config, task.ranks, task.env, task.compile_cache,
-                                              pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir)
+                                              pids=lambda: tagged_pids(self.token), workdir=self.artifact_dir,
+                                              private_cache=private, seed=seed_mode(os.environ, other_user))
         except LaunchError as e:
             return Outcome(number=task.number, state="FAIL", fail_kind="config", reason=f"launch plan refused: {e}",
                            curve_metric=task.curve_metric)
         self.launch_attrs = self.launch.attrs
+        if self.user is not None:
+            self.launch_attrs["trial_user"] = self.user.name
         config_path = self.artifact_dir / "config.json"
         config_path.write_text(json.dumps(self.launch.config, indent=1, sort_keys=True) + "\n")
-        stderr = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
+        trainer_log = open(self.artifact_dir / "trainer.log", "ab")  # noqa: SIM115 - closed in close()
         events = open(self.artifact_dir / "events.jsonl", "a")  # noqa: SIM115
-        self._files += [stderr, events]
+        self._files += [trainer_log, events]
         base = dict(os.environ) if self.key is None else script_env(dict(os.environ), task.pass_env)
         env = {**base, **task.env, **self.launch.env, "PYTHONUNBUFFERED": "1", TOKEN_VAR: self.token}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = trainer_command(replace(task, ranks=self.launch.ranks), config_path, self.artifact_dir, self.python,
                               self.launch.rank_module)
+        as_user: dict[str, Any] = {}
+        if other_user and self.user is not None:
+            why = self._kit_setup_first(cmd, env, trainer_log)
+            if why:
+                return Outcome(number=task.number, state="FAIL", fail_kind="failed", reason=why,
+                               curve_metric=task.curve_metric)
+            env.update(self.user.env(self.artifact_dir))
+            self._handed_over = True
+            self.user.hand_over(self.artifact_dir, keep=("config.json", "trainer.log", "events.jsonl"))
+            as_user = self.user.popen_args()
         key_fds: tuple[int, ...] = ()
         if self.key is not None:
             read_fd, write_fd = os.pipe()
@@ -238,9 +271,9 @@ class Supervisor:
         launched = time.monotonic()
         deadline = launched + task.deadline_s
         try:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                          cwd=REPO_ROOT, env=env, start_new_session=True, preexec_fn=preexec(env),
-                                         pass_fds=key_fds)
+                                         pass_fds=key_fds, **as_user)
         finally:
             for fd in key_fds:
                 os.close(fd)
@@ -250,6 +283,9 @@ class Supervisor:
         self.marks["reaper"] = time.monotonic()
         lines: queue.Queue[bytes | None] = queue.Queue()
         threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
+        self._drainer = threading.Thread(target=_drain, daemon=True,
+                                         args=(self.proc.stderr, trainer_log, self.log_cap, self._err_tail))
+        self._drainer.start()
         beat = threading.Thread(target=self._heartbeats, daemon=True)
         beat.start()
 
@@ -293,11 +329,61 @@ class Supervisor:
                 killed_at = killed_at or now
         self.marks["eof"] = time.monotonic()
         returncode = self._wait_and_reap(max(5.0, deadline - time.monotonic()))
+        self._drainer.join(timeout=10)  # the group is gone: its stderr closes, unless something outside holds it
         self.marks["reaped"] = time.monotonic()
+        self._take_back()  # before anything of ours reads, publishes or writes there
         self.launch_attrs = self.launch.finished(self.record, self.launch_unix, self.first_step_unix)
         if self.unsigned_lines:  # a script wrote JSON lines where only its trainer may: said on the trial
             self.launch_attrs["unsigned_lines"] = self.unsigned_lines
         return self._outcome(returncode)
+
+    def _trial_user(self) -> TrialUser | None:
+        """The user a script trial runs as (:mod:`sweep.run.trialuser`), checked to reach what the trial needs;
+        None for our own trainer (our code, run as the service) or where neither spec nor node names one."""
+        name = wanted(self.task.run_as, os.environ)
+        if not name or self.key is None:
+            return None
+        user = TrialUser.resolve(name)
+        if user.uid == os.geteuid():
+            return user
+        python = self.python or sys.executable
+        needs = [(python, os.X_OK), (REPO_ROOT, os.R_OK | os.X_OK), (self.artifact_dir.parent, os.X_OK)]
+        if python == sys.executable:
+            needs += [(sys.prefix, os.R_OK | os.X_OK), (sysconfig.get_path("stdlib"), os.R_OK | os.X_OK)]
+        needs += [(self.task.config[k], os.R_OK) for k in ("script", "kit") if isinstance(self.task.config.get(k), str)]
+        for path, want in needs:
+            why = user.unreachable(path, want)
+            if why:
+                raise TrialUserError(f"{user.name} cannot reach what the trial needs: {why}")
+        return user
+
+    def _kit_setup_first(self, cmd: list[str], env: dict[str, str], log: IO[bytes]) -> str | None:
+        """The kit's setup (``kit_setup``) as the service's user, before a trial of another user, who may not
+        write the kit folder; the trainer then finds the kit ready. Why it failed, or None."""
+        if not (self.task.config.get("kit") and self.task.config.get("kit_setup")):
+            return None
+        try:
+            proc = subprocess.run([*cmd, "--setup-only"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.PIPE,
+                                  cwd=REPO_ROOT, env=env, timeout=self.task.deadline_s)
+        except subprocess.TimeoutExpired:
+            return f"kit setup (as the service's user) ran past the trial's deadline {self.task.deadline_s:g} s"
+        with contextlib.suppress(OSError):
+            log.write(proc.stderr[-self.log_cap:])
+            log.flush()
+        if proc.returncode:
+            return (f"kit setup (as the service's user) failed: "
+                    f"{_last_line(proc.stderr).removeprefix('error: ') or f'exit {proc.returncode}'}")
+        return None
+
+    def _take_back(self) -> None:
+        """The trial's folder back from the trial user (:meth:`TrialUser.take_back`); a failure is said on the trial."""
+        if not self._handed_over:
+            return
+        self._handed_over = False
+        try:
+            TrialUser.take_back(self.artifact_dir)
+        except OSError as e:
+            self.artifacts_error = self.artifacts_error or f"taking back {self.artifact_dir}: {e.strerror or e}"
 
     def _usable_artifact_dir(self) -> None:
         """Make the trial's working directory, or a scratch one where it cannot be written.
@@ -340,6 +426,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
+        self._take_back()  # a trial that never got as far as its outcome (its folder is still the trial user's)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -451,7 +538,7 @@ class Supervisor:
         out = Outcome(number=task.number, state="FAIL", record=rec, last_step=self.last_step,
                       curve_metric=task.curve_metric)
         status = (rec or {}).get("status")
-        tail = _tail(self.artifact_dir / "trainer.log")
+        tail = _last_line(bytes(self._err_tail))
         if self._superseded:
             out.fail_kind, out.reason = "lost", "trial was finished elsewhere (declared lost); trainer killed"
         elif self._pruned_at is not None:
@@ -516,13 +603,25 @@ def as_float(v: Any) -> float | None:
     return float(v)
 
 
-def _tail(path: Path, limit: int = 300) -> str:
-    """The last non-empty line of a log, for one-line failure reasons."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
+def _drain(stream: IO[bytes] | None, log: IO[bytes], cap: int, tail: bytearray) -> None:
+    """The trainer's stderr into trainer.log, cut at ``cap`` bytes with a line saying so, as the script trainer
+    cuts a script's streams; all of it is still read, so the trainer never blocks on a full pipe, and its last
+    bytes are kept in ``tail`` for the failure reason."""
+    assert stream is not None
+    written = 0
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        if written < cap:
+            with contextlib.suppress(OSError, ValueError):  # a full disk (or a closed log) costs the log only
+                log.write(chunk[:cap - written])
+                if written + len(chunk) > cap:
+                    log.write(LOG_CUT_LINE)
+                log.flush()
+            written += len(chunk)
+        tail += chunk
+        del tail[:-TAIL_BYTES]
+
+
+def _last_line(text: bytes, limit: int = 300) -> str:
+    """The last non-empty line of the trainer's stderr, for one-line failure reasons."""
+    lines = [ln.strip() for ln in text.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-1][:limit] if lines else ""

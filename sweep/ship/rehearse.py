@@ -47,7 +47,8 @@ def rehearse(spec: Any, config: dict[str, Any], workdir: Path, margin_s: float =
                      config=rehearsal_config(config), budget_s=spec.budget_s, deadline_s=spec.deadline_s,
                      eval_fractions=(1.0,), ranks=spec.ranks, trainer=spec.trainer, stop_grace_s=spec.stop_grace_s,
                      heartbeat_s=spec.heartbeat_s, env={**spec.env, **spec.environment.trial_env()},
-                     compile_cache=str(cache), artifact_dir=str(workdir / "trial"))
+                     compile_cache=str(cache), artifact_dir=str(workdir / "trial"),
+                     run_as=spec.script.run_as if spec.script is not None else "")
     sup = Supervisor(task, python=python)
     t0 = time.time()
     try:

@@ -39,7 +39,7 @@ from sweep.spec.space import SearchSpace, SpaceError
 TRAINER = "model.script.run"
 KEYS = {"script", "kit", "kit_setup", "kit_constants", "output", "eval_batch_size", "eval_device", "dialect",
         "budget_knob", "seed_knob", "eval_args", "eval_tokens", "promote_eval_tokens", "eval_seq_len",
-        "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance", "knobs", "pass_env"}
+        "kit_setup_args", "progress_silence_s", "over_budget_grace_s", "claim_tolerance", "knobs", "pass_env", "run_as"}
 OUTPUT_PATTERNS = ("progress", "loss", "step", "val", "fail", "remaining_time", "remaining_steps", "charged")
 SEED_KEY = "seed"  # promote's replicates vary this key (sweep.ship.replicates.SEED)
 DIALECTS = ("kit", "autoresearch")
@@ -54,6 +54,7 @@ KIT_DEFAULTS: dict[str, Any] = {"budget_knob": "--max-train-seconds", "kit_setup
                                 "eval_args": ["--seq-len", "{seq_len}", "--eval-tokens", "{eval_tokens}"]}
 _KIND_SAMPLES = 50
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]+")  # a user name (useradd's rule) or a uid
 
 
 def detect_dialect(text: str) -> str:
@@ -103,6 +104,7 @@ class ScriptSpec:
     over_budget_grace_s: float = 60.0
     claim_tolerance: float = 1e-4
     pass_env: tuple[str, ...] = ()  # variables of the worker's environment the script may see beyond the allow-list
+    run_as: str = ""  # the user the script trainer runs as ("": the node's SWEEP_TRIAL_USER; sweep.run.trialuser)
     flag_info: Mapping[str, source.Flag] = field(default_factory=dict)  # each flag knob's declaration
     knob_types: Mapping[str, str | None] = field(default_factory=dict)  # budget/seed knob name -> literal/type kind
     warnings: tuple[str, ...] = ()
@@ -311,6 +313,7 @@ def read(r: SpecReader, trial: Mapping[str, Any], params_t: Mapping[str, Any], s
         over_budget_grace_s=r.number(trial, "trial.over_budget_grace_s", low=0, default=60.0),
         claim_tolerance=r.number(trial, "trial.claim_tolerance", low=0, default=1e-4),
         pass_env=_names(r, trial, "trial.pass_env"),
+        run_as=_run_as(r, trial),
     )
     spec = _check_knobs(r, spec, space, spec_text, text, set(trial_knobs), _budget_kinds(trial))
     if kit is not None and kit_constants:
@@ -332,6 +335,15 @@ def _names(r: SpecReader, trial: Mapping[str, Any], key: str) -> tuple[str, ...]
     if not isinstance(raw, list) or not all(isinstance(n, str) and n.isidentifier() for n in raw):
         raise r.error(key, f"must list environment variable names, got {raw!r}")
     return tuple(raw)
+
+
+def _run_as(r: SpecReader, trial: Mapping[str, Any]) -> str:
+    """``[trial] run_as``: a user name or uid, never root; whether it exists is the node's to say (the trial
+    fails as ``config`` naming it)."""
+    name = r.string(trial, "trial.run_as", default="")
+    if name and (not _USER_NAME.fullmatch(name) or name in ("root", "0")):
+        raise r.error("trial.run_as", f"a user name or uid other than root, got {name!r}")
+    return name
 
 
 def _file(r: SpecReader, trial: Mapping[str, Any], key: str, base: Path) -> Path:

@@ -304,7 +304,7 @@ def test_cli_render_competition_checks_the_image_in_the_region(moto_aws, tmp_pat
 
 
 def test_node_scripts_parse():
-    for script in ("head_postgres.sh", "node_sync.sh", "worker_venv.sh", "image_venv.sh"):
+    for script in ("head_postgres.sh", "node_sync.sh", "worker_venv.sh", "image_venv.sh", "trial_user.sh"):
         subprocess.run(["bash", "-n", str(cluster.TEMPLATE.parent / script)], check=True)
 
 
@@ -410,3 +410,26 @@ def test_a_worker_runs_the_preflight_before_ray_start_and_stays_out_when_it_fail
         assert (home / "args").read_text().split() == ["-m", "sweep", "preflight", "phase1"]
         assert ("preflight failed at kernels" in run.stderr) == bool(rc)
         assert (home / ".cache" / "trnsweep" / "preflight.log").exists()
+
+
+def test_workers_make_the_trial_user_and_run_ray_as_root_so_script_trials_use_it(tmp_path):
+    """cluster.env names the trial user (sweep/run/trialuser.py reads it); each worker makes it before Ray starts,
+    and Ray (so the supervisor) runs as root, which starting a process as another user needs."""
+    opts = options(tmp_path)
+    env = cluster.env_file(opts)
+    assert f"export SWEEP_TRIAL_USER={cluster.TRIAL_USER}" in env and cluster.TRIAL_USER == "trnsweep-trial"
+    out = subprocess.run(["bash", "-c", f"HOME={tmp_path}; {env}\necho $SWEEP_TRIAL_USER"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "trnsweep-trial"
+    cfg = cluster.render(opts)
+    setup = [c for c in cfg["worker_setup_commands"] if "trial_user.sh" in c]
+    assert setup == ["sudo bash ~/trnsweep/infra/ray/trial_user.sh 'trnsweep-trial' \"$HOME\""]
+    start = [c for c in cfg["worker_start_ray_commands"] if "ray start" in c]
+    assert len(start) == 1 and "sudo --preserve-env" in start[0]
+    assert start[0].index("sudo") < start[0].index("ray start")
+    assert "sudo ~/trnsweep/.venv/bin/ray stop" in cfg["worker_start_ray_commands"][0]
+    script = (cluster.TEMPLATE.parent / "trial_user.sh").read_text()
+    for step in ("useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin",
+                 'chmod 711 "$home"', 'chmod 700 "$home/.ray"', "chmod 700 /tmp/ray",
+                 "--uid-owner \"$user\" -d 169.254.169.254 -j REJECT"):
+        assert step in script, step

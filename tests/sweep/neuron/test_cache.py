@@ -8,6 +8,7 @@ functions run in-process against moto's S3.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -118,3 +119,93 @@ def test_a_nearly_full_cache_disk_turns_the_persistent_cache_off(tmp_path, monke
     assert "GiB free under" in said and "may fill the disk" in said
     assert plan.env[neuron.NEFF_DISABLE_VAR] == "1" and neuron.NEFF_DISABLE_VAR_DOCS not in plan.env
     assert plan.attrs["compile_cache_disabled"].startswith("TORCH_NEURONX_NEFF_DISABLE_CACHE=1 ")
+
+
+# -- a script trial's private cache over the shared one (sweep/neuron/overlay.py) -------------------------------
+
+def shared_cache(tmp_path):
+    """A shared cache directory holding one compiled graph (TorchNeuron's ``ab/cd/<key>.neff`` layout)."""
+    neff = tmp_path / "fsx" / "neff"
+    old = neff / "ab" / "cd" / ("ab" + "cd" + "0" * 28 + ".neff")
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"graph compiled by an earlier trial")
+    return neff, old
+
+
+def rename_into(path, data: bytes) -> None:
+    """How TorchNeuron writes an entry: a temporary file beside it, renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / ".tmp.x"
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("seed", neuron.overlay.SEEDS)
+def test_a_private_cache_publishes_new_entries_and_never_replaces_a_shared_one(tmp_path, seed):
+    neff, old = shared_cache(tmp_path)
+    node_env = {"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")}
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, str(tmp_path / "fsx"), node_env=node_env,
+                                      private_cache=tmp_path / "art" / "neuron-cache", seed=seed)
+    private = tmp_path / "art" / "neuron-cache" / "neff"
+    assert plan.env[neuron.NEFF_CACHE_VAR] == str(private) and plan.env[neuron.NODE_CACHE_VAR] != str(tmp_path / "nc")
+    seen = private / old.relative_to(neff)
+    assert seen.read_bytes() == old.read_bytes() and seen.is_symlink() == (seed == "link")  # a hit for the trainer
+    rename_into(seen, b"poison")  # the trainer replaces the shared entry in its own directory...
+    new = private / "ef" / "01" / ("ef01" + "1" * 28 + ".neff")
+    rename_into(new, b"graph compiled by this trial")  # ...and compiles a graph nobody has
+    (private / "ef" / "01" / ".tmp.half").write_bytes(b"a write still in progress")
+    attrs = plan.finished({"device": "neuron", "steps": 3}, 1.0, 2.0)
+    assert old.read_bytes() == b"graph compiled by an earlier trial"
+    assert (neff / new.relative_to(private)).read_bytes() == b"graph compiled by this trial"
+    assert not list(neff.rglob(".*")) and not private.exists()  # no temporary file shared; the overlay gone
+    assert attrs["graph_cache"] == "miss" and attrs["graph_cache_new_entries"] == 1
+    assert (attrs["graph_cache_published"], attrs["graph_cache_refused"]) == (1, 1)
+    assert attrs["compile_cache_private"] == seed
+
+
+def test_a_private_cache_that_only_reads_is_a_hit_and_publishes_nothing(tmp_path):
+    neff, old = shared_cache(tmp_path)
+    plan = neuron.TrialLaunch.prepare({"device": "neuron"}, 1, {}, str(tmp_path / "fsx"),
+                                      node_env={"PATH": "", neuron.NODE_CACHE_VAR: str(tmp_path / "nc")},
+                                      private_cache=tmp_path / "art" / "neuron-cache", seed="link")
+    attrs = plan.finished({"device": "neuron", "steps": 3}, 1.0, 2.0)
+    assert attrs["graph_cache"] == "hit" and attrs["graph_cache_entries"] == 1
+    assert (attrs["graph_cache_published"], attrs["graph_cache_refused"]) == (0, 0)
+    assert [p.name for p in neff.rglob("*") if p.is_file()] == [old.name]
+
+
+def test_publishing_never_replaces_an_entry_another_trial_published_first(tmp_path):
+    neff, _ = shared_cache(tmp_path)
+    first = neuron.overlay.Overlay(neff, tmp_path / "one", "copy")
+    second = neuron.overlay.Overlay(neff, tmp_path / "two", "copy")
+    first.seed(), second.seed()
+    rename_into(tmp_path / "one" / "x" / "y" / "k.neff", b"first")
+    rename_into(tmp_path / "two" / "x" / "y" / "k.neff", b"second")
+    os.symlink("/etc/passwd", tmp_path / "two" / "x" / "y" / "link.neff")  # a link is never followed
+    assert first.publish() == (1, 0) and second.publish() == (0, 0)
+    assert (neff / "x" / "y" / "k.neff").read_bytes() == b"first" and not (neff / "x" / "y" / "link.neff").exists()
+
+
+def test_a_bad_seed_setting_is_one_line():
+    with pytest.raises(neuron.LaunchError, match=r"^SWEEP_NEFF_CACHE_SEED='hard': must be one of link, copy$"):
+        neuron.overlay.seed_mode({"SWEEP_NEFF_CACHE_SEED": "hard"}, False)
+    assert neuron.overlay.seed_mode({}, True) == "link" and neuron.overlay.seed_mode({}, False) == "copy"
+
+
+def test_a_root_supervisor_publishes_as_the_shared_caches_owner(tmp_path):
+    """A worker's supervisor is root; the node's cache is the service user's, which node_sync writes into."""
+    from tests.ci import skip_unless_ci
+
+    if os.geteuid() != 0:
+        skip_unless_ci("giving a file to another user needs root")
+    neff, _ = shared_cache(tmp_path)
+    nobody = 65534
+    for path in (neff, *neff.rglob("*")):
+        os.chown(path, nobody, nobody)
+    overlay = neuron.overlay.Overlay(neff, tmp_path / "private", "link")
+    overlay.seed()
+    rename_into(tmp_path / "private" / "ef" / "01" / "k.neff", b"new")
+    assert overlay.publish() == (1, 0)
+    for path in (neff / "ef", neff / "ef" / "01", neff / "ef" / "01" / "k.neff"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (nobody, nobody), path
+    assert stat.S_IMODE((neff / "ef" / "01" / "k.neff").stat().st_mode) == 0o644

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,30 @@ with open({str(seen)!r}, "w") as f:
     # a variable the spec names to pass reaches it; a secret-looking name only that way
     assert script_env({"HF_TOKEN": "x", "PATH": "/bin"}, ("HF_TOKEN",)) == {"HF_TOKEN": "x", "PATH": "/bin"}
     assert script_env({"NEURON_RT_TOKEN": "x", "NEURON_RT_VISIBLE_CORES": "0"}) == {"NEURON_RT_VISIBLE_CORES": "0"}
+
+
+def test_a_script_reaches_the_shared_compile_cache_only_through_publication(tmp_path, standin_kit):
+    neff = tmp_path / "fsx" / "neff"
+    old = neff / "ab" / "cd" / ("abcd" + "0" * 28 + ".neff")
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"graph compiled by an earlier trial")
+    script = forging(tmp_path, f"""
+import os
+cache = os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"]
+with open(os.path.join(cache, "ab", "cd", {old.name!r}), "w") as f:  # in place, through whatever is there
+    f.write("poison")
+os.makedirs(os.path.join(cache, "ef", "01"))
+with open(os.path.join(cache, "ef", "01", "ef01" + "1" * 28 + ".neff"), "w") as f:
+    f.write("graph compiled by this trial")
+""")
+    sup = Supervisor(replace(task(tmp_path, standin_kit, script), compile_cache=str(tmp_path / "fsx")))
+    try:
+        out = sup.run()
+    finally:
+        sup.close()
+    assert out.state == "COMPLETE", out
+    assert old.read_bytes() == b"graph compiled by an earlier trial"
+    assert (neff / "ef" / "01" / ("ef01" + "1" * 28 + ".neff")).read_text() == "graph compiled by this trial"
+    attrs = sup.launch_attrs
+    assert attrs["compile_cache_private"] == "copy" and attrs["graph_cache_new_entries"] == 1
+    assert (attrs["graph_cache_published"], attrs["graph_cache_refused"]) == (1, 1)

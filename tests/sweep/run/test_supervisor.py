@@ -18,7 +18,7 @@ import pytest
 from sweep import store as st
 from sweep.run.outcome import ATTR_STARTED
 from sweep.run.remote import run_trial
-from sweep.run.supervisor import Reporter, TrialTask
+from sweep.run.supervisor import LOG_CUT_LINE, Reporter, Supervisor, TrialTask
 from tests.sweep_fixtures import ROOT, processes_with, supervise, wait_for
 
 pytestmark = pytest.mark.slow
@@ -140,6 +140,27 @@ def test_injected_faults(tmp_path, config, fault, state, kind):
 def test_rejected_config(tmp_path, config):
     out = supervise(make_task(tmp_path, {**config, "no_such_key": 1}))
     assert out.state == "FAIL" and out.fail_kind == "config" and "no_such_key" in out.reason
+
+
+def capped(task: TrialTask, cap: int):
+    sup = Supervisor(task)
+    sup.log_cap = cap
+    try:
+        return sup.run()
+    finally:
+        sup.close()
+
+
+def test_trainer_log_is_capped_and_the_failure_line_still_read(tmp_path, config):
+    out = capped(make_task(tmp_path / "ok", config), 64)
+    assert out.state == "COMPLETE", out.reason
+    log = (tmp_path / "ok" / "art" / "trainer.log").read_bytes()
+    assert len(log) == 64 + len(LOG_CUT_LINE) and log.endswith(LOG_CUT_LINE)
+    # the trainer's last line (its refusal) is past the cap, and still the trial's reason
+    out = capped(make_task(tmp_path / "bad", {**config, "no_such_key": 1}), 8)
+    assert out.state == "FAIL" and out.fail_kind == "config" and "no_such_key" in out.reason
+    log = (tmp_path / "bad" / "art" / "trainer.log").read_bytes()
+    assert len(log) == 8 + len(LOG_CUT_LINE) and b"no_such_key" not in log
 
 
 def test_trial_finished_elsewhere_stops_the_trainer(tmp_path, config, journal_study):

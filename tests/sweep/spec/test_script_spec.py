@@ -184,6 +184,8 @@ def test_a_flag_the_script_cannot_take_exits_with_one_line(tmp_path, params, at,
     ('kit_constants = { EVAL_TOKENS = 1 }\n', None, r"trial\.kit_constants: the kit's dialect leaves prepare\.py"),
     ('dialect = "nanogpt"\n', None, r"trial\.dialect: must be one of kit, autoresearch"),
     ('pass_env = "HF_TOKEN"\n', None, r"trial\.pass_env: must list environment variable names"),
+    ('run_as = "root"\n', None, r"trial\.run_as: a user name or uid other than root, got 'root'"),
+    ('run_as = "a b"\n', None, r"trial\.run_as: a user name or uid other than root, got 'a b'"),
     ('[trial.knobs]\ndepth = { flag = "--depth" }\n', None, r"trial\.knobs\.depth: depth is searched"),
     ('[trial.knobs]\nseqlen = { flag = "--seq" }\n', 'seqlen = { flag = "--seq" }',
      r"trial\.knobs\.seqlen: seqlen is not a key the trial sets \(its fixed and derived keys: seq_len\)"),
@@ -196,6 +198,12 @@ def test_a_trial_knob_or_key_the_script_cannot_take_exits_with_one_line(tmp_path
     assert re.search(words, text), text
     if at:
         assert text.startswith(f"{path}:{spec_line(path, at)}: "), text
+
+
+def test_run_as_names_the_script_trials_user(tmp_path):
+    assert load(write(tmp_path, trial='run_as = "trnsweep-trial"\n')).script.run_as == "trnsweep-trial"
+    (tmp_path / "d").mkdir()
+    assert load(write(tmp_path / "d")).script.run_as == ""  # the node's SWEEP_TRIAL_USER decides
 
 
 def test_a_budget_of_a_fraction_of_a_second_is_refused_for_an_integer_budget_flag(tmp_path):
