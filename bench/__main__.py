@@ -13,7 +13,7 @@ import sys
 import time
 
 SUITES = ("trainer_bench", "recipe_bench", "eval_bench", "data_bench", "kernels_bench", "core_bench", "sweep_bench",
-          "storage_load", "replay_bench")
+          "storage_load", "replay_bench", "compare_bench")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ RANKS = {
     "model.config": 1, "model.counts": 1, "model.schedule": 1, "model.script.source": 1,
     "model.script.signing": 1,
     "model": 2,
-    "sweep.redact": 3, "sweep.printable": 3,
+    "sweep.redact": 3, "sweep.printable": 3, "sweep.compare.decision": 3,
     "sweep.store": 4,
     "sweep.neuron": 5,
     "sweep.spec": 6,
