@@ -4,7 +4,7 @@ A simulated trainer gives each run val_bpb = 0.96 + effect (candidate only) + th
 the pair) + a data-order term (sd 0.0004, shared by the pair's seed) + the rest of the seed noise (sd
 sqrt(0.0006^2 - 0.0004^2), drawn per side: a change perturbs the trajectory) + the warm-up spike path (a
 seed takes it with p 0.4, +U(0.003, 0.0045); the candidate keeps its base's draw with p ``spike_shared``,
-else draws its own) + rerun noise (sd 5e-6): the teams' measurements (../shared/KIT.md). 3% of pairs have a
+else draws its own) + rerun noise (sd 5e-6): the teams' measurements (docs/competition.md). 3% of pairs have a
 side 12-20% short of steps (CONFOUNDED) and 1% a side the scorer drops; they count as runs. Pairs rotate
 over two nodes with distinct seeds. Both methods read the same pairs, in order, until they stop.
 
@@ -37,7 +37,7 @@ KEYS = ("method", "effect", "alpha", "comparisons", "adopt_rate", "discard_rate"
 
 @dataclass(frozen=True)
 class Model:
-    """The simulated trainer's noise; the defaults are the teams' measurements (KIT.md)."""
+    """The simulated trainer's noise; the defaults are the teams' measurements (docs/competition.md)."""
 
     seed_sd: float = 0.0006  # F's seed-to-seed sd at the 2M-token screen, spike path aside
     order_sd: float = 0.0004  # data order, shared by a pair's seed
@@ -125,11 +125,17 @@ def drift_false_alarms(controls: int = 20000, per_node: int = 8, seed: int = 36,
 def run(comparisons: int = 2000, seed: int = 36, effects: Iterable[float] = EFFECTS,
         spike_models: Iterable[float] = (SPIKE_SHARED, 0.0, 1.0), rule: Rule | None = None,
         model: Model = Model()) -> list[dict[str, Any]]:
-    """Rows for every spike model and effect: the default model first, then the worst case (0: every
-    change re-rolls the spike path), then the best (1: no change does)."""
+    """Rows for every spike model and effect at the default rule (a cap of 8 usable pairs): the default model
+    first, then the worst case (0: every change re-rolls the spike path), then the best (1: no change does);
+    then the default model at P's budget (a cap of 2 pairs, ``--max-runs 4``), where the two methods spend
+    the same runs. Each row says its cap (``max_pairs``)."""
     rule = rule or Rule()
-    return [row for shared in spike_models for effect in effects
+    rows = [{**row, "max_pairs": rule.max_pairs} for shared in spike_models for effect in effects
             for row in compare(effect, replace(model, spike_shared=shared), comparisons, seed, rule)]
+    tight = replace(rule, max_pairs=2)
+    rows += [{**row, "max_pairs": tight.max_pairs} for effect in effects
+             for row in compare(effect, model, comparisons, seed, tight)]
+    return rows
 
 
 VARIANTS = {

@@ -4,7 +4,7 @@ Each pair is a base and a candidate run with the same seed (so the same data ord
 node's offset cancels); its difference ``cand - base`` in val_bpb is negative where the candidate helps.
 :func:`decide` puts a confidence sequence around the mean difference: an interval that holds at every look
 at once, so the comparison may stop after any pair without inflating its error rate. :func:`fixed_rules`
-is P's written rules (the strongest team's, ../shared/KIT.md "How teams decided") for the benchmark to beat.
+is P's written rules (the strongest team's, docs/competition.md "How teams decided") for the benchmark to beat.
 Pure statistics: stdlib only, so the command, the dashboard and bench/compare_bench.py decide alike.
 """
 
@@ -19,12 +19,13 @@ from typing import Any
 
 VERDICTS = ("ADOPT", "DISCARD", "UNDECIDED", "CONTINUE")
 
-# The sd of one paired difference at the 2M-token screen, from the teams' measurements (KIT.md): a run's
+# The sd of one paired difference at the 2M-token screen, from the teams' measurements (docs/competition.md): a run's
 # seed-to-seed sd is 0.0006, of which data order (sd 0.0004) is shared by the pair and cancels; the rest,
 # sqrt(0.0006^2 - 0.0004^2) = 0.00045, is taken as independent per side, and a same-seed rerun adds 5e-6:
 # sqrt(2 * (0.0006^2 - 0.0004^2) + 2 * 5e-6^2) = 0.00063, rounded up to 0.0007. The warm-up spike path is
 # not in it: a pair shares its seed's path unless the change re-rolls it, and the sample sd takes over then.
 NOISE_SD = 0.0007
+NOISE_SLACK = 1.5  # how far over the prior the sample sd may go before it replaces it (compare_bench measures)
 TOLERANCE = 0.10  # a step or token count more than 10% apart is not a same-budget comparison (P's 0.90-1.10)
 
 # P's fixed thresholds (one host: nominate or discard; two hosts: adopt).
@@ -42,7 +43,7 @@ DRIFT_THRESHOLD = 0.0010
 # spike path alone alarms for under 1% of controls (compare_bench.drift_false_alarms measures it).
 DRIFT_THRESHOLD_OTHER_SEEDS = 0.0060
 
-# The public-to-official offsets, from F's 15 uploads / n=18 (KIT.md "How teams decided").
+# The public-to-official offsets, from F's 15 uploads / n=18 (docs/competition.md "How teams decided").
 SCREEN_TOKENS = 2_097_152
 CONFIRM_TOKENS = 20_971_520
 _OFFICIAL_OVER_SCREEN = (0.0067, 0.0004)  # official - public at 2M tokens, F's 15 uploads
@@ -99,11 +100,18 @@ class Rule:
 
     alpha: float = 0.05  # the false-adopt rate: P(ADOPT) when the candidate does not help, at any look
     min_effect: float = 0.001  # a gain smaller than this does not matter (DISCARD rules out one this large)
-    noise_sd: float = NOISE_SD  # the prior sd of one paired difference; the sample sd replaces it when larger
+    noise_sd: float = NOISE_SD  # the prior sd of one paired difference (see noise_slack)
     max_pairs: int = 8  # usable pairs at which it stops UNDECIDED (and 2 * max_pairs run in all)
     min_pairs: int = 2  # no verdict from fewer usable pairs: one pair cannot tell a gain from a spike path
     tolerance: float = TOLERANCE  # steps or tokens further apart than this confound a pair
     futility: float = 0.0  # stop UNDECIDED early when neither verdict has this chance by the cap (0: never)
+    # The sample sd replaces the prior once it exceeds noise_slack x noise_sd: pairs that disagree beyond
+    # what the stated noise explains (a spike path on one side) widen the interval; two pairs that agree
+    # by chance never narrow it below the prior.
+    noise_slack: float = NOISE_SLACK
+    # A first usable pair showing less gain than this stops the comparison UNDECIDED (futile), as P's rules
+    # stop a run that does not nominate; None: never. A stop that can only lower the false-adopt rate.
+    futile_first: float | None = P_NOMINATE
 
     def __post_init__(self) -> None:
         def bad(field: str, need: str, got: object) -> ValueError:
@@ -124,6 +132,11 @@ class Rule:
             raise bad("tolerance", "between 0 and 1", self.tolerance)
         if not (isinstance(self.futility, int | float) and 0 <= self.futility < 0.5):
             raise bad("futility", "between 0 and 0.5 (0: off)", self.futility)
+        if not (isinstance(self.noise_slack, int | float) and 1 <= self.noise_slack < math.inf):
+            raise bad("noise_slack", "a number >= 1", self.noise_slack)
+        if self.futile_first is not None and not (isinstance(self.futile_first, int | float)
+                                                  and math.isfinite(self.futile_first)):
+            raise bad("futile_first", "a finite number or None", self.futile_first)
 
 
 @dataclass(frozen=True)
@@ -233,7 +246,8 @@ def decide(pairs: Sequence[Pair], rule: Rule) -> Verdict:
         return Verdict(verdict, 0, None, None, None, None, None, excluded, f"{verdict}: {why}", run)
     diffs = [p.diff for p in usable]
     mean = math.fsum(diffs) / n  # type: ignore[arg-type]  # usable pairs have both values
-    sd = rule.noise_sd if n < 2 else max(rule.noise_sd, statistics.stdev(diffs))  # type: ignore[type-var]
+    spread = statistics.stdev(diffs) if n >= 2 else 0.0  # type: ignore[type-var]
+    sd = spread if spread > rule.noise_slack * rule.noise_sd else rule.noise_sd
     half = half_width(n, sd, rule)
     lower, upper = mean - half, mean + half
     interval = f"mean {_fmt(mean)}, interval {_fmt(lower)} to {_fmt(upper)} over {n} pairs (sd {sd:.5f})"
@@ -246,6 +260,10 @@ def decide(pairs: Sequence[Pair], rule: Rule) -> Verdict:
         verdict, detectable = "UNDECIDED", half
         cap = f"{n} usable pairs" if n >= rule.max_pairs else f"{run} pairs run"
         why = f"at the cap ({cap}): {interval}; the smallest gain it could detect is {half:.5f}"
+    elif n == 1 and rule.futile_first is not None and mean > rule.futile_first:
+        verdict, detectable = "UNDECIDED", half_width(rule.max_pairs, sd, rule)
+        why = (f"futile: the first pair's difference {_fmt(mean)} shows less gain than {_fmt(rule.futile_first)} "
+               f"(P's nominating threshold; futile_first), so no more pairs are run")
     elif rule.futility and n >= rule.min_pairs and max(chances_by_cap(n, mean, sd, rule)) < rule.futility:
         verdict, detectable = "UNDECIDED", half_width(rule.max_pairs, sd, rule)
         why = (f"futile: {interval}; neither verdict has a {rule.futility:g} chance by {rule.max_pairs} pairs, "
@@ -325,7 +343,7 @@ def drift_alarms(controls: Sequence[tuple[str, int, float]], threshold: float = 
 
 def official_estimate(public: float, eval_tokens: int) -> tuple[float, float]:
     """(estimated official score, its sd) from a public val_bpb at a known evaluation size; an estimate:
-    the offsets are F's 15 uploads / n=18 (KIT.md), not a property of this run."""
+    the offsets are F's 15 uploads / n=18 (docs/competition.md), not a property of this run."""
     if not math.isfinite(public):
         raise ValueError(f"public score must be finite, got {public!r}")
     official, sd = _OFFICIAL_OVER_SCREEN

@@ -56,8 +56,26 @@ def test_no_adopt_before_min_pairs_however_large_the_gain():
 
 
 def test_no_discard_before_min_pairs_either():
-    assert decide(pairs(0.01), RULE).verdict == "CONTINUE"
-    assert decide(pairs(0.01, 0.01), RULE).verdict == "DISCARD"
+    assert decide(pairs(0.01), Rule(futile_first=None)).verdict == "CONTINUE"
+    assert decide(pairs(0.01, 0.01), Rule(futile_first=None)).verdict == "DISCARD"
+
+
+def test_a_first_pair_short_of_the_nominating_gain_stops_undecided_as_futile():
+    v = decide(pairs(-0.0005), RULE)  # P's nominating threshold is -0.0006: less gain than that stops
+    assert v.verdict == "UNDECIDED" and v.reason.startswith("UNDECIDED: futile: the first pair's difference -0.00050")
+    assert decide(pairs(-0.0007), RULE).verdict == "CONTINUE"  # enough gain to go on
+    assert decide(pairs(-0.0005), Rule(futile_first=None)).verdict == "CONTINUE"
+    assert decide(pairs(-0.0005), Rule(futile_first=-0.0004)).verdict == "CONTINUE"
+    assert decide(pairs(-0.0030, 0.0001), RULE).verdict == "CONTINUE"  # only the first look stops
+
+
+def test_the_sample_sd_replaces_the_prior_only_past_the_slack():
+    calm = decide(pairs(-0.0030, -0.0030 + 0.0014), RULE)  # sample sd 0.00099 < 1.5 x 0.0007: the prior
+    wide = decide(pairs(-0.0030, -0.0030 + 0.0016), RULE)  # sample sd 0.00113 > 0.00105: the sample sd
+    assert calm.noise_sd == NOISE_SD
+    assert wide.noise_sd == pytest.approx(0.0016 / math.sqrt(2))
+    assert decide(pairs(-0.0030, -0.0030 + 0.0014), Rule(noise_slack=1.0)).noise_sd == pytest.approx(
+        0.0014 / math.sqrt(2))
 
 
 def test_a_gain_ruled_out_discards():
