@@ -41,6 +41,17 @@ def parse_seconds(text: str) -> float:
     return v
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
 def fail(message: str, url: str | None) -> None:
     """Print ``sweep: MESSAGE`` on one line with any password in ``url`` scrubbed out."""
     line = " ".join(printable(st.scrub(message, url)).split())

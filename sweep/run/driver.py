@@ -253,32 +253,13 @@ class Driver:
                 self.say(self._last_words)
 
     def step(self) -> bool:
-        """One turn of the loop: launch into the free slots, wait a poll for results; False once the study is
-        done. A store that cannot be reached (after :func:`sweep.store.retry`'s own tries) is waited for."""
-        spec = self.spec
+        """One turn of the loop (:meth:`turn`); False once the study is done. A store that cannot be reached
+        (after :func:`sweep.store.retry`'s own tries) is waited for."""
         if self._stop:
             raise KeyboardInterrupt(self._stop)
         try:
-            launch = self.check_ray()
-            trials = self._settled(self.scan())
-            done = sum(counts(t) for t in trials)
-            # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
-            running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
-            adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
-            want = max(spec.n_trials - done - running, adhoc)
-            self._capacity().demand(len(self.inflight) + max(want, 0))
-            while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
-                if self.launch_next():
-                    want -= 1
-                launch = self.check_ray(probe=False)
-            if self.breaker.tripped and not self.inflight and want > 0:
-                raise SweepStopped(self._breaker_cause(), infra=False)
-            # A trial its dead driver left RUNNING, or one no driver claimed, ends here: stored by its
-            # supervisor, or lost (liveness.orphaned) and re-run or asked anew.
-            if not self.inflight and want <= 0 and (self.own_only or not any(
-                    liveness.orphan_of_dead_driver(t, self.run_id) or liveness.unclaimed(t) for t in trials)):
+            if not self.turn():
                 return False
-            self.wait_some()
         except Exception as e:
             if not st.is_transient(e):
                 raise
@@ -287,6 +268,31 @@ class Driver:
         if self._store_since is not None:
             self.say(f"store: reachable again after {time.monotonic() - self._store_since:.0f} s")
             self._store_since = None
+        return True
+
+    def turn(self) -> bool:
+        """Launch into the free slots, wait a poll for results; False once the study is done."""
+        spec = self.spec
+        launch = self.check_ray()
+        trials = self._settled(self.scan())
+        done = sum(counts(t) for t in trials)
+        # Ad-hoc trials (`sweep trial`) take slots but never count, and run even when the count is reached.
+        running = sum(1 for t in trials if t.state.name == "RUNNING" and not t.user_attrs.get(ATTR_ADHOC))
+        adhoc = sum(1 for t in trials if t.state.name == "WAITING" and t.user_attrs.get(ATTR_ADHOC))
+        want = max(spec.n_trials - done - running, adhoc)
+        self._capacity().demand(len(self.inflight) + max(want, 0))
+        while want > 0 and len(self.inflight) < self.slots() and launch and not self._stop:
+            if self.launch_next():
+                want -= 1
+            launch = self.check_ray(probe=False)
+        if self.breaker.tripped and not self.inflight and want > 0:
+            raise SweepStopped(self._breaker_cause(), infra=False)
+        # A trial its dead driver left RUNNING, or one no driver claimed, ends here: stored by its
+        # supervisor, or lost (liveness.orphaned) and re-run or asked anew.
+        if not self.inflight and want <= 0 and (self.own_only or not any(
+                liveness.orphan_of_dead_driver(t, self.run_id) or liveness.unclaimed(t) for t in trials)):
+            return False
+        self.wait_some()
         return True
 
     def _store_away(self, e: BaseException) -> None:

@@ -56,7 +56,7 @@ from sweep.spec import STUDIES_DIR, Component, SpecError, StudySpec, load, resol
 from sweep.spec import objective as obj
 from sweep.spec.space import Param, SearchSpace, SpaceError
 from sweep.store import artifacts
-from sweep.study import fail, load_study, parse_seconds
+from sweep.study import fail, load_study, parse_seconds, positive_int
 
 COMPETITION_BUDGET_S = 1800.0  # --budget-s without --spec
 _LINKED = re.compile(r"^(?P<base>.+)-promote-(?P<budget>\d+(?:\.\d+)?)$")
@@ -194,26 +194,16 @@ def top_configs(trials: list[Any], spec: StudySpec, k: int, metric: str | None =
 
 # -- the command ------------------------------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return v
-
-
 def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("promote", help="rerun a study's K best configurations at a full budget with S seeds each, "
                        "as a linked study, and compare them with confidence intervals")
     p.add_argument("study", help="NAME (sweep/studies/NAME.toml) or a path to a .toml spec")
-    p.add_argument("--top", type=_positive_int, default=3, metavar="K", help="configurations to promote (default 3)")
+    p.add_argument("--top", type=positive_int, default=3, metavar="K", help="configurations to promote (default 3)")
     p.add_argument("--budget-s", type=parse_seconds, default=None, metavar="B",
                    help="charged training seconds of each replicate (default: the --spec's budget, else 1800, "
                    "the competition's)")
-    p.add_argument("--seeds", type=_positive_int, default=3, metavar="S", help="replicates per configuration "
+    p.add_argument("--seeds", type=positive_int, default=3, metavar="S", help="replicates per configuration "
                    "(default 3)")
     p.add_argument("--by", default=None, metavar="METRIC", help="the metric to rank by; required for a pareto "
                    "study (one of its metrics), else the study's value")
