@@ -10,7 +10,8 @@ TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test faults faults-full sweep preflight bench lint dashboard job status best clean clean-studies
+.PHONY: install system-deps test faults faults-full sweep compare-demo preflight bench lint dashboard job status best clean \
+	clean-studies
 
 install: $(STAMP)
 
@@ -48,6 +49,19 @@ faults-full: $(STAMP)
 sweep: $(STAMP)
 	$(PY) -m infra cost $(STUDY) --check
 	$(PY) -m infra with-db -- $(PY) -m sweep run $(STUDY)
+
+# Does a change help? script-demo's train.py against a copy with one constant changed (LEARNING_RATE 0.003 ->
+# 0.01), paired seeds on two local Ray nodes, until the sequential decision says ADOPT or DISCARD (docs/compare.md).
+# On one 2-core machine the two nodes' runs share its cores, so step counts vary more than on a trn2 node with a
+# chip to itself: the demo lets a pair's sides differ by 35% in steps before calling it confounded (10% by default),
+# and states its noise (a paired sd of 0.01 val_bpb at 15 s on the CPU, against the competition's 0.0007).
+COMPARE_CAND := runs/compare-demo/train.py
+compare-demo: $(STAMP)
+	@mkdir -p $(dir $(COMPARE_CAND))
+	sed 's/^LEARNING_RATE = .*/LEARNING_RATE = 0.01  # the one change compare-demo tries/' \
+	  sweep/studies/script-demo/train.py > $(COMPARE_CAND)
+	$(PY) -m sweep compare sweep/studies/script-demo/train.py $(COMPARE_CAND) --spec script-demo --local-nodes 2 \
+	  --min-effect 0.01 --noise-sd 0.01 --max-runs 12 --step-tolerance 0.35
 
 # Prove this trn2 node in a few minutes before a study spends anything (docs/neuron.md, "Preflight"):
 # make preflight STUDY=phase1. Exit 1 names the first failed check and its fix. Where the spec trains on
@@ -90,7 +104,7 @@ lint: $(STAMP)
 # kit data (sweep/studies/script-demo/data, tokenizer: its `python prepare.py`) is a cache too.
 clean:
 	rm -rf .pytest_cache .ruff_cache .hypothesis runs/cache runs/scratch
-	rm -rf sweep/studies/*/data sweep/studies/*/tokenizer sweep/studies/*/.kit-ready*
+	rm -rf sweep/studies/*/data sweep/studies/*/tokenizer sweep/studies/*/.kit-ready* sweep/studies/*/.kit-manifest.json
 	rm -rf sweep/studies/kit-demo/out sweep/studies/kit-demo/.setup.lock
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 

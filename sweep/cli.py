@@ -1,4 +1,5 @@
-"""``python -m sweep run|status|best|trial|dashboard|precompile|preflight|replay|promote|export``: the command line.
+"""``python -m sweep COMMAND``: run, status, best, trial, dashboard, precompile, preflight, replay, promote,
+export, compare: the command line.
 
 Exit codes follow docs/design.md: 0 success, 2 bad input (one line naming the cause), 1 anything else.
 Every command reads the study from ``SWEEP_STORAGE`` (else the spec's storage, else the embedded
@@ -18,6 +19,7 @@ from typing import TextIO, cast
 
 from sweep import dashboard
 from sweep import store as st
+from sweep.compare import command as compare
 from sweep.printable import Printable
 from sweep.run import precompile, preflight, preflight_cuda
 from sweep.run.adhoc import run_adhoc
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_parser(sub)
     promote.add_parser(sub)
     export.add_parser(sub)
+    compare.add_parser(sub)
     return p
 
 
@@ -161,4 +164,5 @@ COMMANDS: dict[str, Callable[[StudySpec, str, argparse.Namespace, TextIO], int]]
     "replay": replay.main,
     "promote": promote.main,
     "export": export.main,
+    "compare": compare.main,
 }

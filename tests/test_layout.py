@@ -28,7 +28,7 @@ RANKS = {
     "sweep.spec": 6,
     "sweep.study": 7,
     "sweep.run": 8,
-    "sweep.ship": 9, "sweep.dashboard": 9,
+    "sweep.ship": 9, "sweep.dashboard": 9, "sweep.compare": 9,
     "sweep": 10,  # sweep/__init__.py, sweep/__main__.py, sweep/cli.py: the dispatcher
     "infra": 11,
     "bench": 12, "tests": 12,

@@ -1,0 +1,154 @@
+"""``python -m sweep compare``: bad sides refused in one line, and a real comparison of the worked example's
+train.py with a copy that changes one constant, on a local Ray of two nodes, killed midway and resumed.
+
+The comparison's trials run through the sweep's own driver, Ray tasks, supervisor and script trainer on
+real text (the stand-in kit); the report is validated against sweep/compare/schema.json.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import jsonschema
+import optuna
+import pytest
+from optuna_dashboard import get_note
+
+from sweep import cli
+from sweep import store as st
+from sweep.compare.report import SCHEMA_PATH
+from tests.ray_head import session_members
+from tests.sweep_fixtures import ROOT, environ, load_trials, sweep_cmd, sweep_env, wait_for, write_spec
+
+SCRIPT = ROOT / "sweep" / "studies" / "script-demo" / "train.py"
+KIT_SCRIPT = ROOT / "sweep" / "studies" / "kit-demo" / "train.py"
+
+
+def sections(kit: Path) -> dict:
+    return {"study": {"n_trials": 1, "seed": 1},
+            "trial": {"script": str(SCRIPT), "kit": str(kit / "prepare.py"), "budget_s": 2,
+                      "startup_allowance_s": 60, "eval_timeout_s": 60, "heartbeat_s": 2, "stale_after_s": 30,
+                      "stop_grace_s": 10},
+            "trial.resources": {"num_cpus": 1}, "pruner": {"name": "none"},
+            "fixed": {"num_threads": 1, "batch_size": 4, "seq_len": 32, "eval_batch_size": 4}}
+
+
+def candidate(directory: Path) -> Path:
+    """The worked example with one constant changed (what compare-demo tries)."""
+    text = SCRIPT.read_text()
+    changed, n = re.subn(r"(?m)^LEARNING_RATE = .*$", "LEARNING_RATE = 0.01", text)
+    assert n == 1
+    path = directory / "cand" / "train.py"
+    path.parent.mkdir()
+    path.write_text(changed)
+    return path
+
+
+@pytest.mark.parametrize("sides, words", [
+    (["{missing}/nope.py", "{cand}"], "base {missing}/nope.py: no such script"),
+    (["{script}", str(KIT_SCRIPT)], "written in the kit dialect, the spec's script in the autoresearch dialect"),
+    (["{script}", "[1, 2]"], "cand [1, 2]: parameters are a JSON object, got list"),
+    (["{script}", "nope#x"], "cand nope#x: STUDY#N takes a trial number, got 'x'"),
+    (["{script}", "{cand}", "--confirm"], "--eval-tokens and --confirm set the kit's eval-public evaluation"),
+    (["{script}", "{cand}", "--alpha", "0.7"], "argument --alpha: must be a number between 0 and 0.5, got '0.7'"),
+])
+def test_a_bad_side_or_option_exits_2_in_one_line_before_anything_runs(standin_kit, tmp_path, capsys, sides, words):
+    spec = write_spec(tmp_path, "cmp", sections(standin_kit))
+    cand = candidate(tmp_path)
+    fill = {"missing": str(tmp_path), "cand": str(cand), "script": str(SCRIPT)}
+    argv = ["compare", *(s.format(**fill) if s.startswith("{") else s for s in sides), "--spec", str(spec)]
+    where = {"SWEEP_STORAGE": f"journal:{tmp_path / 'j.log'}", "SWEEP_ARTIFACTS": str(tmp_path / "art")}
+    with environ(where), pytest.raises(SystemExit) as e:  # argparse's own errors exit too
+        raise SystemExit(cli.main(argv, out=io.StringIO()))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2, err
+    assert len(err.splitlines()) == 1 and words.format(**fill) in err, err
+    assert not (tmp_path / "art").exists()  # nothing ran
+
+
+@pytest.mark.slow
+def test_a_comparison_pairs_seeds_on_nodes_and_resumes_after_a_kill_without_rerunning_finished_pairs(
+        standin_kit, tmp_path):
+    spec = write_spec(tmp_path, "cmp", sections(standin_kit))
+    cand = candidate(tmp_path)
+    storage = f"journal:{tmp_path / 'j.log'}"
+    env = sweep_env(storage, tmp_path / "art")
+    args = sweep_cmd("compare", str(SCRIPT), str(cand), "--spec", str(spec), "--local-nodes", "2",
+                     "--max-runs", "4", "--min-effect", "0.01", "--name", "cmp-demo")
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        def two_done() -> bool:
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            return sum(t.state.name == "COMPLETE" for t in load_trials(storage, "cmp-demo", missing_ok=True)) >= 2
+
+        wait_for(two_done, 300, interval=0.5, what="two finished runs")
+    finally:  # killed midway: the driver, its local Ray and every trial, all of its own session
+        for pid in session_members(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        wait_for(lambda: not session_members(proc.pid), 30, what="the killed comparison's processes to be gone")
+        log.close()
+    address = re.search(r"local cluster of 2 one-CPU nodes at (\S+)", (tmp_path / "first.log").read_text())
+    _forget(address[1] if address else None)
+    before = {t.number: (t.params["pair"], t.params["side"]) for t in load_trials(storage, "cmp-demo")
+              if t.state.name == "COMPLETE"}
+    assert len(before) >= 2
+    done_pairs = {p for p, _ in before.values() if sum(q == p for q, _ in before.values()) == 2}
+
+    second = subprocess.run([*args, "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            start_new_session=True)
+    _forget(m[1] if (m := re.search(r"local cluster of 2 one-CPU nodes at (\S+)", second.stderr)) else None)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rep = json.loads(second.stdout)
+    jsonschema.validate(rep, json.loads(SCHEMA_PATH.read_text()))
+    trials = load_trials(storage, "cmp-demo")
+    for t in trials:  # the finished runs are kept as they were, and no finished pair ran again; a half-done
+        # pair's finished side ran again only because its node is gone (a new local Ray has new nodes)
+        if t.number in before:
+            assert t.state.name == "COMPLETE"
+        else:
+            assert t.params["pair"] not in done_pairs, t.number
+    for t in trials:  # what was running at the kill ended lost, and its side ran again: same pair, seed, side
+        if t.state.name == "FAIL":
+            assert t.user_attrs.get("fail_kind") in ("lost", "infra"), t.user_attrs.get("fail_reason")
+            again = [u for u in trials if u.number > t.number and u.params == t.params]
+            assert again and again[-1].state.name == "COMPLETE", t.number
+    assert rep["verdict"] in ("ADOPT", "DISCARD", "UNDECIDED"), rep["candidates"][0]["stages"][-1]["reason"]
+    assert rep["runs_used"] == sum(t.state.name in ("COMPLETE", "FAIL", "PRUNED") for t in trials)
+    nodes = set()
+    for p in rep["pairs"]:
+        runs = p["runs"]
+        assert set(runs) <= {"base", "cand"}
+        assert {r["node"] for r in runs.values()} == {runs["base"]["node"]}, p  # both sides on the pair's node
+        assert {t.params["seed"] for t in trials if t.params["pair"] == p["pair"]} == {p["seed"]}
+        nodes.add(runs["base"]["node"])
+    assert len(nodes) == 2, nodes  # pairs ran on both nodes
+    assert rep["candidates"][0]["stages"][0]["pairs_used"] + len(rep["candidates"][0]["stages"][0]["excluded"]) \
+        <= len(rep["pairs"])
+    study = optuna.load_study(study_name="cmp-demo", storage=st.open_storage(storage))
+    note = get_note(study)  # the dashboard's view: the verdict, the interval at each look, every pair
+    assert f"## cand: **{rep['verdict']}**" in note and "the interval as it narrowed" in note, note
+    assert all(f"| {p['pair']} | {p['seed']} | base |" in note for p in rep["pairs"]), note
+    # The report is the study's: asked again, the finished comparison prints it without running anything.
+    third = subprocess.run([*args, "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           start_new_session=True)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert json.loads(third.stdout)["pairs"] == rep["pairs"]
+    assert len(load_trials(storage, "cmp-demo")) == len(trials)
+
+
+def _forget(address: str | None) -> None:
+    """A killed local cluster leaves its address where a later ``ray.init()`` without one would look."""
+    current = Path("/tmp/ray/ray_current_cluster")
+    if address and current.exists() and current.read_text().strip() == address:
+        current.unlink()
+    time.sleep(0)
