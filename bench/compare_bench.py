@@ -32,7 +32,7 @@ STEPS = 1200
 SPIKE_SHARED = 0.5  # the default model: no measurement says how often a change re-rolls a seed's spike path
 EFFECTS = (0.0, -0.001, -0.002, 0.001)
 KEYS = ("method", "effect", "alpha", "comparisons", "adopt_rate", "discard_rate", "undecided_rate",
-        "mean_runs", "spike_shared", "adopt_se")
+        "mean_runs", "spike_shared", "adopt_se", "max_pairs")
 
 
 @dataclass(frozen=True)

@@ -321,9 +321,9 @@ def test_official_estimate_from_the_screen_and_the_confirmation():
 def test_a_small_bench_run_keeps_the_false_adopt_rate_and_the_documented_keys():
     n = 400
     rows = compare_bench.run(comparisons=n, seed=2024, effects=(0.0, -0.002), spike_models=(0.5,))
-    assert [tuple(r) for r in rows] == [compare_bench.KEYS] * 4
-    assert [(r["method"], r["effect"]) for r in rows] == [("sequential", 0.0), ("fixed_rules", 0.0),
-                                                          ("sequential", -0.002), ("fixed_rules", -0.002)]
+    assert [tuple(r) for r in rows] == [compare_bench.KEYS] * 8
+    assert [(r["method"], r["effect"], r["max_pairs"]) for r in rows] == [
+        (m, e, cap) for cap in (8, 2) for e in (0.0, -0.002) for m in ("sequential", "fixed_rules")]
     seq0 = rows[0]
     se = math.sqrt(seq0["alpha"] * (1 - seq0["alpha"]) / n)
     assert seq0["adopt_rate"] <= seq0["alpha"] + 2 * se
@@ -332,4 +332,7 @@ def test_a_small_bench_run_keeps_the_false_adopt_rate_and_the_documented_keys():
         assert r["adopt_rate"] + r["discard_rate"] + r["undecided_rate"] == pytest.approx(1, abs=1e-3)
         assert r["mean_runs"] >= 2
     assert rows[2]["adopt_rate"] > rows[3]["adopt_rate"]  # the sequential's power at -0.002 beats P's here
+    seq2, fixed2 = rows[6], rows[7]  # at P's budget (2 pairs): at least P's power in no more runs
+    assert seq2["adopt_rate"] >= fixed2["adopt_rate"] - 2 * seq2["adopt_se"]
+    assert seq2["mean_runs"] <= fixed2["mean_runs"]
     assert "compare_bench" in __import__("bench.__main__", fromlist=["SUITES"]).SUITES
