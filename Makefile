@@ -9,6 +9,9 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_PIN ?= torch==2.13.0
 STUDY ?= demo
 PYTEST_ARGS ?=
+# make test runs the suite on two pytest-xdist workers, each test module on one worker (its module fixtures, a
+# sweep or a kit, are built once); each worker has its own Ray head and session fixtures. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install system-deps test faults faults-full sweep compare-demo preflight bench lint dashboard job status best clean \
 	clean-studies
@@ -33,7 +36,8 @@ system-deps:
 	fi
 
 test: $(STAMP) system-deps
-	$(PY) -X faulthandler -m pytest -q $(PYTEST_ARGS)
+	$(PY) -X faulthandler -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) \
+	  $(PYTEST_ARGS)
 
 # The cost check prints nothing unless the spec's cap is exceeded; with-db resolves the study database
 # from AWS Secrets Manager or a file where the cluster is set up so (docs/aws.md), else passes through.

@@ -7,8 +7,9 @@ may run (tests.ray_head says why). Any of these fails the session, exit 1, with 
 
 Exempt, by identity, the two a library keeps for the life of the process by design: multiprocessing's resource
 tracker (the child a spawn-context pool leaves to the interpreter's exit) and tqdm's monitor thread (which
-torch.fx's disabled progress bars start under torch.compile). tests/conftest.py loads the plugin;
-``pytest -p tests.session_guard`` elsewhere.
+torch.fx's disabled progress bars start under torch.compile). Under pytest-xdist (``make test`` runs two
+workers) each worker checks its own descendants and reports to the controller, which fails the run on any
+worker's findings. tests/conftest.py loads the plugin; ``pytest -p tests.session_guard`` elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 GRACE_S = 5.0  # a thread or process already ending gets this long before it counts as left behind
-_STATE: dict[str, Any] = {"threads": set(), "ray": [], "connected": False, "problems": []}
+_STATE: dict[str, Any] = {"threads": set(), "ray": [], "connected": False, "problems": [], "workers": {}}
 
 
 def _children(root: int) -> dict[int, str]:
@@ -95,14 +96,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     _STATE["connected"] = connected
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers (``-n N``) and runs none itself."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     problems = [f"{nodeid} left a Ray driver connected in the pytest process (use tests.ray_head)"
                 for nodeid in _STATE["ray"]]
-    problems += [f"left running at the session's end: {line}" for line in left_behind()]
+    if _xdist_controller(session.config):
+        # The workers are this process's children, and each checks its own descendants at its session's end
+        # (below); what they found comes back through xdist's workeroutput (pytest_testnodedown).
+        problems += [f"{worker}: {line}" for worker, lines in _STATE["workers"].items() for line in lines]
+        problems += [f"left running at the session's end: thread {t.name!r}" for t in _threads()]
+    else:
+        problems += [f"left running at the session's end: {line}" for line in left_behind()]
+    if hasattr(session.config, "workerinput"):
+        session.config.workeroutput["session_guard"] = problems  # type: ignore[attr-defined]
     if problems:
         _STATE["problems"] = problems
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: a worker's findings (its threads, descendants, Ray drivers left behind)."""
+    lines = getattr(node, "workeroutput", {}).get("session_guard") or []
+    if lines:
+        _STATE["workers"][node.gateway.id] = list(lines)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -22,12 +22,19 @@ from tests.conftest import subprocess_env
 ROOT_CONFTEST = 'pytest_plugins = ["tests.conftest"]\n'
 
 
-def run_inner(tmp_path: Path, test_body: str, conftest_extra: str = "") -> subprocess.CompletedProcess[str]:
+def run_inner(tmp_path: Path, test_body: str, conftest_extra: str = "",
+              args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(ROOT_CONFTEST + textwrap.dedent(conftest_extra))
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(test_body))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "--rootdir",
                            str(tmp_path), str(tmp_path / "test_inner.py")], cwd=tmp_path, env=subprocess_env(),
                           capture_output=True, text=True, timeout=180)
+
+
+def test_a_clean_run_under_xdist_workers_exits_0(tmp_path):
+    """The controller's children are its workers (and their resource trackers): none of them is a leak."""
+    out = run_inner(tmp_path, "def test_a():\n    pass\n\ndef test_b():\n    pass\n", args=("-n", "2"))
+    assert out.returncode == 0 and "2 passed" in out.stdout, out.stdout + out.stderr
 
 
 def test_a_clean_run_exits_0_and_runs_its_atexit_handlers(tmp_path):
@@ -64,7 +71,8 @@ def test_a_leaked_thread_fails_the_run_naming_it(tmp_path):
     assert "left running at the session's end: thread 'leaky-sleeper' (daemon" in out.stdout, out.stdout
 
 
-def test_a_leaked_child_process_fails_the_run_naming_it(tmp_path):
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one process", "xdist workers"])
+def test_a_leaked_child_process_fails_the_run_naming_it(tmp_path, workers):
     pid_file = tmp_path / "child.pid"
     out = run_inner(tmp_path, f"""
         import subprocess
@@ -73,12 +81,14 @@ def test_a_leaked_child_process_fails_the_run_naming_it(tmp_path):
         def test_leaks_a_child():
             child = subprocess.Popen(["sleep", "61"])
             Path({str(pid_file)!r}).write_text(str(child.pid))
-    """)
+    """, args=workers)
     pid = int(pid_file.read_text())
     try:
         assert "1 passed" in out.stdout, out.stdout + out.stderr
         assert out.returncode == 1, out.stdout + out.stderr
         assert f"left running at the session's end: child process {pid}: sleep 61" in out.stdout, out.stdout
+        if workers:  # found by the worker that ran the test, reported by the controller
+            assert "FAILED: gw0: left running" in out.stdout or "FAILED: gw1: left running" in out.stdout, out.stdout
     finally:
         try:  # the inner run's child, started by this test (through its subprocess): signalled by its pid
             if "sleep" in Path(f"/proc/{pid}/cmdline").read_text():
