@@ -15,7 +15,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweep.compare.decision import Verdict, decide, drift_alarms, official_estimate
+from sweep.compare.decision import (
+    DRIFT_THRESHOLD,
+    DRIFT_THRESHOLD_OTHER_SEEDS,
+    NOISE_SD,
+    Verdict,
+    decide,
+    drift_alarms,
+    official_estimate,
+)
 from sweep.compare.pairs import controls, pairs_for, runs_by_pair, seeds_by_pair
 from sweep.compare.plan import BASE, Plan
 
@@ -80,11 +88,18 @@ def report(plan: Plan, study: Any) -> dict[str, Any]:
     verdict = _overall([c["verdict"] for c in cands])
     return {"schema": SCHEMA, "comparison": study.study_name, "spec": rec.get("spec"),
             "base": rec["sides"].get(BASE, {}), "candidates": cands, "pairs": pair_rows,
-            "drift_alarms": drift_alarms(controls(by_pair, seeds)),
+            "drift_alarms": drift(controls(by_pair, seeds), plan.rule.noise_sd),
             "runs_used": runs, "rule": {"alpha": plan.rule.alpha, "min_effect": plan.rule.min_effect,
                                         "noise_sd": plan.rule.noise_sd, "max_pairs": plan.rule.max_pairs,
                                         "min_pairs": plan.rule.min_pairs, "tolerance": plan.rule.tolerance},
             "budget_s": rec.get("budget_s"), "eval_tokens": rec.get("eval_tokens"), "verdict": verdict}
+
+
+def drift(controls_: Sequence[tuple[str, int, float]], noise_sd: float) -> list[str]:
+    """The drift alarms, their thresholds (the teams', for their noise) scaled by the noise the comparison
+    states: a laptop's runs, stated 0.01 apart, alarm where a trn2 node's would at 0.0007."""
+    scale = max(1.0, noise_sd / NOISE_SD)
+    return drift_alarms(controls_, DRIFT_THRESHOLD * scale, DRIFT_THRESHOLD_OTHER_SEEDS * scale)
 
 
 def _overall(verdicts: Sequence[str]) -> str:

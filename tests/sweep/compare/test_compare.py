@@ -152,3 +152,12 @@ def _forget(address: str | None) -> None:
     if address and current.exists() and current.read_text().strip() == address:
         current.unlink()
     time.sleep(0)
+
+
+def test_drift_alarms_scale_with_the_noise_the_comparison_states():
+    from sweep.compare.report import drift
+
+    controls = [("a", 0, 2.84676), ("a", 2, 2.83120), ("b", 1, 2.83817), ("b", 3, 2.84714)]
+    assert len(drift(controls, 0.0007)) == 2  # a trn2 screen's noise: 0.016 and 0.009 apart are drift
+    assert drift(controls, 0.01) == []  # a laptop's stated noise: the same spread is seed noise
+    assert len(drift([("a", 0, 2.80), ("a", 0, 2.90)], 0.01)) == 1  # the same seed 0.1 apart still alarms
