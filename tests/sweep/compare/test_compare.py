@@ -161,3 +161,45 @@ def test_drift_alarms_scale_with_the_noise_the_comparison_states():
     assert len(drift(controls, 0.0007)) == 2  # a trn2 screen's noise: 0.016 and 0.009 apart are drift
     assert drift(controls, 0.01) == []  # a laptop's stated noise: the same spread is seed noise
     assert len(drift([("a", 0, 2.80), ("a", 0, 2.90)], 0.01)) == 1  # the same seed 0.1 apart still alarms
+
+
+def _record(study, pair: int, side: str, value: float, node: str = "node-a", steps: int = 300) -> None:
+    """A finished run of a comparison, as the driver stores one (real Optuna trials, no run)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    dists = {"side": CategoricalDistribution(["base", "cand1", "cand2"]), "pair": IntDistribution(0, 32),
+             "seed": IntDistribution(0, 64)}
+    study.add_trial(create_trial(params={"side": side, "pair": pair, "seed": pair}, distributions=dists,
+                                 value=value, user_attrs={"num_steps": steps, "compare_node": node}))
+
+
+def test_two_candidates_share_the_base_and_a_decided_one_leaves_the_next_pairs(standin_kit, tmp_path):
+    from sweep.compare.decision import Rule
+    from sweep.compare.plan import plan
+    from sweep.compare.report import report
+    from sweep.compare.run import CompareDriver
+
+    spec = write_spec(tmp_path, "cmp", sections(standin_kit))
+    cand = candidate(tmp_path)
+    where = {"SWEEP_STORAGE": f"journal:{tmp_path / 'j.log'}", "SWEEP_ARTIFACTS": str(tmp_path / "art")}
+    with environ(where):
+        from sweep.spec import load
+
+        p = plan(load(spec), str(SCRIPT), [str(cand), '{}'], Rule(noise_sd=0.001), name="two")
+    assert p.labels == ("base", "cand1", "cand2")
+    study = optuna.create_study(study_name="two", direction="minimize")
+    for pair, node in ((0, "node-a"), (1, "node-b")):  # cand1 clearly better, cand2 no different
+        _record(study, pair, "base", 2.85 + 0.0001 * pair, node)
+        _record(study, pair, "cand1", 2.80 + 0.0001 * pair, node)
+        _record(study, pair, "cand2", 2.8499 + 0.0001 * pair, node)
+    rep = report(p, study)
+    jsonschema.validate(rep, json.loads(SCHEMA_PATH.read_text()))
+    by = {c["label"]: c for c in rep["candidates"]}
+    assert by["cand1"]["verdict"] == "ADOPT" and by["cand2"]["verdict"] == "CONTINUE", rep["candidates"]
+    assert rep["verdict"] == "CONTINUE" and rep["runs_used"] == 6
+    driver = CompareDriver(p)
+    work = driver._work(study.get_trials(), ["node-a-full", "node-b-full"], free=2)
+    assert [w[0]["pair"] for w in work] == [2, 3] and all(w[1] is None for w in work)  # new pairs, any node
+    assert {w[0]["side"] for w in work} <= {"base", "cand2"}  # cand1 is decided: its pairs are over
+    assert set(driver._sides(2, "screen", {"cand2": "screen"}, {})) == {"base", "cand2"}
