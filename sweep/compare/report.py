@@ -66,8 +66,8 @@ def report(plan: Plan, study: Any) -> dict[str, Any]:
         stages = []
         for stage in ("screen", "confirm"):
             pairs = pairs_for(label, by_pair, seeds, stage)
-            if stage == "confirm" and not pairs:
-                continue
+            if stage == "confirm" and not (plan.confirm and stages[0]["verdict"] == "ADOPT"):
+                continue  # a confirmation only follows an adopting screen (and, with it pending, decides)
             v: Verdict = decide(pairs, plan.rule)
             suffix = "" if stage == "screen" else "@confirm"
             tokens = rec.get("eval_tokens")

@@ -203,3 +203,50 @@ def test_two_candidates_share_the_base_and_a_decided_one_leaves_the_next_pairs(s
     assert [w[0]["pair"] for w in work] == [2, 3] and all(w[1] is None for w in work)  # new pairs, any node
     assert {w[0]["side"] for w in work} <= {"base", "cand2"}  # cand1 is decided: its pairs are over
     assert set(driver._sides(2, "screen", {"cand2": "screen"}, {})) == {"base", "cand2"}
+
+
+def test_an_adopted_candidate_is_confirmed_at_the_confirmation_size_and_that_verdict_is_final(tmp_path):
+    """--confirm (kit dialect): after the screen adopts, new pairs run the confirmation sides, whose trainer
+    config evaluates promote_eval_tokens; the candidate's verdict is then the confirmation's."""
+    from sweep.compare.decision import Rule
+    from sweep.compare.plan import plan
+    from sweep.compare.report import report
+    from sweep.compare.run import CompareDriver
+    from sweep.spec import load
+
+    demo = ROOT / "sweep" / "studies" / "kit-demo"
+    trial = {"script": str(demo / "train.py"), "kit": str(demo / "prepare.py"), "budget_s": 6, "eval_tokens": 8192,
+             "promote_eval_tokens": 65536, "seed_knob": "--seed", "startup_allowance_s": 60, "eval_timeout_s": 60}
+    spec = write_spec(tmp_path, "kitcmp", {"study": {"n_trials": 1}, "trial": trial, "pruner": {"name": "none"}})
+    with environ({"SWEEP_STORAGE": f"journal:{tmp_path / 'j.log'}", "SWEEP_ARTIFACTS": str(tmp_path / "art")}):
+        p = plan(load(spec), trial["script"], ['{}'], Rule(), name="conf", confirm=True)
+    assert p.spec.trainer_config({"side": "base", "pair": 0, "seed": 0})["eval_tokens"] == 8192
+    assert p.spec.trainer_config({"side": "cand@confirm", "pair": 2, "seed": 2})["eval_tokens"] == 65536
+    assert p.spec.trainer_config({"side": "cand@confirm", "pair": 2, "seed": 2})["seed"] == 2
+
+    study = optuna.create_study(study_name="conf", direction="minimize")
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    dists = {"side": CategoricalDistribution(["base", "cand", "base@confirm", "cand@confirm"]),
+             "pair": IntDistribution(0, 64), "seed": IntDistribution(0, 64)}
+
+    def run(pair: int, side: str, value: float) -> None:
+        study.add_trial(create_trial(params={"side": side, "pair": pair, "seed": pair}, distributions=dists,
+                                     value=value, user_attrs={"num_steps": 300, "compare_node": "node-a"}))
+
+    for pair in (0, 1):  # the screen: a clear gain
+        run(pair, "base", 0.9700 + 0.0001 * pair)
+        run(pair, "cand", 0.9650 + 0.0001 * pair)
+    work = CompareDriver(p)._work(study.get_trials(), ["node-a-1"], free=1)
+    assert [(w[0]["pair"], w[0]["side"].endswith("@confirm")) for w in work] == [(2, True)]
+    assert report(p, study)["verdict"] == "CONTINUE"  # adopted at the screen, not yet confirmed
+    for pair in (2, 3):  # the confirmation at 20M: the candidate is worse
+        run(pair, "base@confirm", 0.9770 + 0.0001 * pair)
+        run(pair, "cand@confirm", 0.9775 + 0.0001 * pair)
+    rep = report(p, study)
+    jsonschema.validate(rep, json.loads(SCHEMA_PATH.read_text()))
+    stages = {s["stage"]: s for s in rep["candidates"][0]["stages"]}
+    assert stages["screen"]["verdict"] == "ADOPT" and stages["confirm"]["verdict"] == "DISCARD"
+    assert rep["verdict"] == "DISCARD" and stages["confirm"]["eval_tokens"] == 65536
+    assert stages["screen"]["estimate"]["base"] is None  # 8,192 tokens: no known offset to the official score
