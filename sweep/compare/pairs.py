@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweep.compare.decision import Pair, Verdict, decide
-from sweep.compare.plan import BASE, Plan
+from sweep.compare.plan import BASE, Plan, side_of
 from sweep.run.outcome import ATTR_FAIL_KIND, ATTR_FAIL_REASON, ATTR_NODE, ATTR_STARTED
 from sweep.spec.script import SEED_KEY
 from sweep.spec.studyspec import PAIR, SIDE
@@ -84,10 +84,9 @@ def pairs_for(label: str, by_pair: Mapping[int, Mapping[str, Run]], seeds: Mappi
     """The candidate ``label``'s finished pairs of one stage, in pair order, up to the first unfinished one
     (the confidence sequence reads the pairs in the order they were planned, never as they happen to end)."""
     out: list[Pair] = []
-    suffix = "" if stage == "screen" else "@confirm"
     for p in sorted(by_pair):
         sides = by_pair[p]
-        base, cand = sides.get(BASE + suffix), sides.get(label + suffix)
+        base, cand = sides.get(side_of(BASE, stage)), sides.get(side_of(label, stage))
         if base is None and cand is None:
             continue
         if cand is None and base is not None:  # this candidate was decided before the pair: not its pair
@@ -104,15 +103,23 @@ def pairs_for(label: str, by_pair: Mapping[int, Mapping[str, Run]], seeds: Mappi
     return out
 
 
-def verdicts(plan_: Plan, trials: Sequence[Any]) -> dict[str, dict[str, Verdict]]:
-    """Each candidate's verdict per stage (the confirmation only where the screen adopted it)."""
-    by_pair, seeds = runs_by_pair(trials), seeds_by_pair(trials)
-    out: dict[str, dict[str, Verdict]] = {}
-    for label in plan_.candidates:
-        out[label] = {"screen": decide(pairs_for(label, by_pair, seeds), plan_.rule)}
-        if plan_.confirm and out[label]["screen"].verdict == "ADOPT":
-            out[label]["confirm"] = decide(pairs_for(label, by_pair, seeds, "confirm"), plan_.rule)
+def stage_pairs(plan_: Plan, label: str, by_pair: Mapping[int, Mapping[str, Run]],
+                seeds: Mapping[int, int]) -> dict[str, tuple[list[Pair], Verdict]]:
+    """A candidate's pairs and verdict per stage: the screen's, and the confirmation's only where the screen
+    adopted it (``--confirm``; with no pair yet it is CONTINUE, so the screen's ADOPT is not the verdict)."""
+    pairs = pairs_for(label, by_pair, seeds)
+    out = {"screen": (pairs, decide(pairs, plan_.rule))}
+    if plan_.confirm and out["screen"][1].verdict == "ADOPT":
+        pairs = pairs_for(label, by_pair, seeds, "confirm")
+        out["confirm"] = (pairs, decide(pairs, plan_.rule))
     return out
+
+
+def verdicts(plan_: Plan, trials: Sequence[Any]) -> dict[str, dict[str, Verdict]]:
+    """Each candidate's verdict per stage (:func:`stage_pairs`)."""
+    by_pair, seeds = runs_by_pair(trials), seeds_by_pair(trials)
+    return {label: {stage: v for stage, (_, v) in stage_pairs(plan_, label, by_pair, seeds).items()}
+            for label in plan_.candidates}
 
 
 def open_stage(v: Mapping[str, Verdict], confirm: bool) -> str | None:

@@ -26,6 +26,12 @@ from sweep.spec.studyspec import PAIR, SIDE, Side
 
 ATTR_COMPARE = "compare"  # study user attribute: what is compared and how
 BASE = "base"
+STAGES = ("screen", "confirm")  # the screen, then (--confirm) the confirmation of an adopted candidate
+
+
+def side_of(label: str, stage: str) -> str:
+    """The side a label runs as in a stage: ``cand`` at the screen, ``cand@confirm`` at the confirmation."""
+    return label if stage == "screen" else f"{label}@{stage}"
 
 
 class CompareError(ValueError):
@@ -49,7 +55,7 @@ def _seeded_space(spec: StudySpec, params: Mapping[str, Any], max_seed: int) -> 
     return SearchSpace.build(kept + [seed], spec.space.derived, spec.space.constraints, fixed)
 
 
-def read_side(text: str, spec: StudySpec, label: str, url: str, max_seed: int) -> tuple[Side, dict[str, Any]]:
+def read_side(text: str, spec: StudySpec, label: str, max_seed: int) -> tuple[Side, dict[str, Any]]:
     """One side from the command line, and how the comparison records it (what it is, its content hash)."""
     path = Path(text)
     if text.endswith(".py"):
@@ -131,6 +137,12 @@ class Plan:
     def candidates(self) -> tuple[str, ...]:
         return self.labels[1:]
 
+    def eval_tokens(self, stage: str) -> int | None:
+        """The kit's evaluation size at ``stage`` (None outside the kit's dialect: a kit constant sets it)."""
+        side = self.spec.sides.get(side_of(BASE, stage))
+        script = side.script if side is not None else None
+        return script.eval_tokens if script is not None and script.dialect == "kit" else None
+
 
 def candidate_labels(n: int) -> tuple[str, ...]:
     return ("cand",) if n == 1 else tuple(f"cand{i + 1}" for i in range(n))
@@ -151,17 +163,16 @@ def plan(spec: StudySpec, base: str, cands: Sequence[str], rule: Rule, *, budget
     run = dataclasses.replace(spec, script=script, budget_s=float(budget_s or spec.budget_s))
     max_seed = first_seed + 2 * rule.max_pairs * (2 if confirm else 1)
     labels = (BASE, *candidate_labels(len(cands)))
-    url = st.resolve_url(spec.storage)
     sides: dict[str, Side] = {}
     described: dict[str, Any] = {}
     for label, text in zip(labels, (base, *cands), strict=True):
-        sides[label], described[label] = read_side(text, run, label, url, max_seed)
+        sides[label], described[label] = read_side(text, run, label, max_seed)
     if confirm:
         for label in labels:
             s = sides[label]
             if s.script is not None:
                 confirmed = dataclasses.replace(s.script, eval_tokens=s.script.promote_eval_tokens)
-                sides[f"{label}@confirm"] = dataclasses.replace(s, script=confirmed)
+                sides[side_of(label, "confirm")] = dataclasses.replace(s, script=confirmed)
     how = {"spec": spec.name, "spec_path": str(Path(spec.path).resolve()), "budget_s": run.budget_s,
            "eval_tokens": script.eval_tokens if script is not None and script.dialect == "kit" else None,
            "first_seed": first_seed,

@@ -19,13 +19,12 @@ from sweep.compare.decision import (
     DRIFT_THRESHOLD,
     DRIFT_THRESHOLD_OTHER_SEEDS,
     NOISE_SD,
-    Verdict,
     decide,
     drift_alarms,
     official_estimate,
 )
-from sweep.compare.pairs import controls, pairs_for, runs_by_pair, seeds_by_pair
-from sweep.compare.plan import BASE, Plan
+from sweep.compare.pairs import controls, runs_by_pair, seeds_by_pair, stage_pairs
+from sweep.compare.plan import BASE, STAGES, Plan, side_of
 
 SCHEMA = "trnsweep.compare/1"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
@@ -64,23 +63,13 @@ def report(plan: Plan, study: Any) -> dict[str, Any]:
     cands = []
     for label in plan.candidates:
         stages = []
-        for stage in ("screen", "confirm"):
-            pairs = pairs_for(label, by_pair, seeds, stage)
-            if stage == "confirm" and not (plan.confirm and stages[0]["verdict"] == "ADOPT"):
-                continue  # a confirmation only follows an adopting screen (and, with it pending, decides)
-            v: Verdict = decide(pairs, plan.rule)
-            suffix = "" if stage == "screen" else "@confirm"
-            tokens = rec.get("eval_tokens")
-            if stage == "confirm" and plan.spec.sides.get(BASE + suffix) and plan.spec.sides[BASE + suffix].script:
-                tokens = plan.spec.sides[BASE + suffix].script.eval_tokens  # type: ignore[union-attr]
-            base_vals = [p.base for p in pairs if p.problem(plan.rule.tolerance) is None and p.base is not None]
-            cand_vals = [p.cand for p in pairs if p.problem(plan.rule.tolerance) is None and p.cand is not None]
-            stages.append({"stage": stage, **v.to_dict(), "looks": _looks(
-                [p for p in pairs if p.problem(plan.rule.tolerance) is None], plan.rule),
-                "eval_tokens": tokens, "estimate": {"base": _estimate(base_vals, tokens),
-                                                    "cand": _estimate(cand_vals, tokens)}})
-        final = stages[-1]
-        cands.append({"label": label, "side": rec["sides"].get(label, {}), "verdict": final["verdict"],
+        for stage, (pairs, v) in stage_pairs(plan, label, by_pair, seeds).items():
+            usable = [p for p in pairs if p.problem(plan.rule.tolerance) is None]
+            tokens = plan.eval_tokens(stage)
+            stages.append({"stage": stage, **v.to_dict(), "looks": _looks(usable, plan.rule), "eval_tokens": tokens,
+                           "estimate": {"base": _estimate([p.base for p in usable], tokens),
+                                        "cand": _estimate([p.cand for p in usable], tokens)}})
+        cands.append({"label": label, "side": rec["sides"].get(label, {}), "verdict": stages[-1]["verdict"],
                       "stages": stages})
     pair_rows = [{"pair": p, "seed": seeds.get(p), "runs": {side: dataclasses.asdict(r) for side, r in
                                                             sorted(by_pair[p].items())}} for p in sorted(by_pair)]
@@ -148,13 +137,13 @@ def print_report(rep: Mapping[str, Any], out: TextIO) -> None:
     for row in rep["pairs"]:
         runs = row["runs"]
         node = next((r["node"] for r in runs.values() if r["node"]), "?")
-        for stage_suffix in ("", "@confirm"):
-            cells = [runs.get(label + stage_suffix) for label in labels]
+        for stage in STAGES:
+            cells = [runs.get(side_of(label, stage)) for label in labels]
             if not any(cells):
                 continue
             vals = "".join(f" {_cell(r):>9}" for r in cells)
             steps = "/".join(str(r["steps"]) if r and r["steps"] is not None else "-" for r in cells)
-            tag = " confirm" if stage_suffix else ""
+            tag = "" if stage == "screen" else f" {stage}"
             print(f"{row['pair']:>4} {row['seed']:>4} {str(node)[:8]:>8}{vals}  {steps}{tag}", file=out)
     conf = round(100 * (1 - 2 * rule["alpha"]))
     for c in rep["candidates"]:

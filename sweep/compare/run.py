@@ -17,9 +17,8 @@ from typing import Any, TextIO
 from sweep import store as st
 from sweep.compare import report
 from sweep.compare.pairs import ATTR_NODE_WANTED, Run, finished, open_stage, runs_by_pair, seeds_by_pair, verdicts
-from sweep.compare.plan import BASE, Plan
-from sweep.run import liveness
-from sweep.run.driver import Driver, SweepStopped
+from sweep.compare.plan import BASE, Plan, side_of
+from sweep.run.driver import PROGRESS_EVERY_S, Driver, SweepStopped
 from sweep.spec.script import SEED_KEY
 from sweep.spec.studyspec import PAIR, SIDE
 
@@ -81,7 +80,7 @@ class CompareDriver(Driver):
             if p in pending:
                 continue
             runs = by_pair[p]
-            stage = "confirm" if any(s.endswith("@confirm") for s in runs) else "screen"
+            stage = "confirm" if side_of(BASE, "confirm") in runs else "screen"
             node = pair_node(runs, nodes)
             # A side run on a node that is gone is no control for the others: it runs again on the pair's node.
             missing = [s for s in self._sides(p, stage, open_, runs) if s not in runs or (
@@ -102,9 +101,8 @@ class CompareDriver(Driver):
     def _sides(self, pair: int, stage: str, open_: Mapping[str, str], have: Mapping[str, Run]) -> list[str]:
         """The sides pair ``pair`` runs, in its drawn order: the base and every candidate still open at its
         stage (or already run in it)."""
-        suffix = "" if stage == "screen" else "@confirm"
-        cands = [c + suffix for c in self.plan.candidates if open_.get(c) == stage or c + suffix in have]
-        sides = [BASE + suffix, *cands]
+        cands = [side_of(c, stage) for c in self.plan.candidates if open_.get(c) == stage or side_of(c, stage) in have]
+        sides = [side_of(BASE, stage), *cands]
         random.Random(f"{self.spec.name}/{pair}").shuffle(sides)
         started = [s for s in sides if s in have]
         return started + [s for s in sides if s not in have]
@@ -132,21 +130,21 @@ class CompareDriver(Driver):
                 break
 
     def _launch(self, params: dict[str, Any], node: str) -> None:
+        """Enqueue a side (none for a waiting trial), ask it and launch it pinned to ``node``."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         study = self.study
         if params:
             st.retry(lambda: study.enqueue_trial(params, user_attrs={ATTR_NODE_WANTED: node}), url=self.url)
         trial = st.retry(lambda: study.ask(), what="ask", url=self.url)
-        self._asked.add(st.trial_id(trial))
-        st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
-                 what="claim", url=self.url)
-        point = self.spec.space.suggest(trial)
-        st.retry(lambda: liveness.mark_suggested(st.study_storage(study), st.trial_id(trial)),
-                 what="mark suggested", url=self.url)
-        ref = self.submit(trial.number, st.trial_id(trial), point, trial.user_attrs,
-                          placement={"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)})
-        self._node_of[ref] = node
+        self.launch(trial, {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)})
+
+    def submit(self, number: int, trial_id: int, params: dict[str, Any], user_attrs: dict[str, Any],
+               placement: dict[str, Any] | None = None) -> Any:
+        ref = super().submit(number, trial_id, params, user_attrs, placement)
+        if placement is not None:  # the node its pair waits on until it ends
+            self._node_of[ref] = placement["scheduling_strategy"].node_id
+        return ref
 
     def finish(self, slot: Any, ref: Any) -> None:
         self._node_of.pop(ref, None)
@@ -158,7 +156,7 @@ class CompareDriver(Driver):
 
     def progress(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last_progress < 30.0:
+        if not force and now - self._last_progress < PROGRESS_EVERY_S:
             return
         self._last_progress = now
         for label, v in verdicts(self.plan, self._settled(self.study.get_trials(deepcopy=False))).items():

@@ -408,8 +408,13 @@ class Driver:
 
     def launch_next(self) -> bool:
         """Ask one trial and submit it; False when it was rejected by a constraint."""
+        trial = st.retry(lambda: self._warm.claim(self.study) or self.study.ask(), what="ask", url=self.url)
+        return self.launch(trial)
+
+    def launch(self, trial: Any, placement: dict[str, Any] | None = None) -> bool:
+        """Claim an asked trial, draw its parameters and submit it (``placement``: Ray options, see :meth:`submit`);
+        False when it was rejected by a constraint."""
         study, spec = self.study, self.spec
-        trial = st.retry(lambda: self._warm.claim(study) or study.ask(), what="ask", url=self.url)
         self._asked.add(st.trial_id(trial))  # before the claim: an outage may cut the launch from here on
         self._seed_sampler(trial.number)
         st.retry(lambda: liveness.claim(st.study_storage(study), st.trial_id(trial), self.identity),
@@ -430,7 +435,7 @@ class Driver:
         # Only now, every parameter drawn, may the trial be run again with them (outcome.rerun_params).
         st.retry(lambda: liveness.mark_suggested(st.study_storage(study), st.trial_id(trial)),
                  what="mark suggested", url=self.url)
-        self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs)
+        self.submit(trial.number, st.trial_id(trial), params, trial.user_attrs, placement)
         return True
 
     def _seed_sampler(self, number: int) -> None:

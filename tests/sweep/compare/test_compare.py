@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import jsonschema
@@ -151,7 +150,6 @@ def _forget(address: str | None) -> None:
     current = Path("/tmp/ray/ray_current_cluster")
     if address and current.exists() and current.read_text().strip() == address:
         current.unlink()
-    time.sleep(0)
 
 
 def test_drift_alarms_scale_with_the_noise_the_comparison_states():

@@ -90,7 +90,7 @@ def test_constraint_rejections_fail_without_counting_and_cannot_stall(driver, mo
     monkeypatch.setattr(drv, "MAX_CONSTRAINT_REJECTS", 5)
     d = driver(constraints={"rare": "matrix_lr < 0.0101"})
     submitted = []
-    monkeypatch.setattr(d, "submit", lambda number, trial_id, params, attrs: submitted.append(params))
+    monkeypatch.setattr(d, "submit", lambda number, trial_id, params, attrs, placement=None: submitted.append(params))
     for _ in range(30):
         if d.launch_next():
             break
